@@ -1,0 +1,23 @@
+"""Small scheduling helpers shared by the rules."""
+
+from __future__ import annotations
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n`` in increasing order."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def fuse_parallel_vectorize(sch, block_name: str, n_parallel: int):
+    """Fuse the outer ``n_parallel`` loops of a block into one parallel loop; vectorize the last.
+
+    Meant for the cheap elementwise layout stages (padding, packing, masking) whose last axis is
+    the C0 channel block.
+    """
+    block = sch.get_sblock(block_name)
+    loops = sch.get_loops(block)
+    n_parallel = min(n_parallel, len(loops) - 1)
+    if n_parallel > 0:
+        sch.parallel(sch.fuse(*loops[:n_parallel]))
+    sch.vectorize(loops[-1])
+    return block

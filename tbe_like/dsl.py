@@ -1,0 +1,274 @@
+"""The face that mirrors ``tbe.dsl``: operators, ``auto_schedule`` and ``build``.
+
+A script written for TBE runs with its import line changed to ``from tbe_like import tvm, dsl``::
+
+    dedw = dsl.conv3d_backprop_filter(x=fmap, out_backprop=dedy, filter_size=[16, 2, 16, 3, 3],
+                                      para_dict={"strides": [2, 2, 2], "pads": [0, 0, 0, 1, 0, 1]})
+    sch = dsl.auto_schedule(dedw)                    # LLVM for this CPU unless a target is given
+    kernel = dsl.build(sch, {"name": "my_kernel", "tensor_list": [fmap, dedy, dedw]})
+    dw = kernel(x_6hd, dy_6hd)                       # NumPy in, NumPy out
+
+``build`` writes ``kernel_meta/my_kernel.so`` and ``kernel_meta/my_kernel.json``;
+``tbe_like.load_kernel`` loads them in another process.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import compute, params
+from ._tvm import IRModule, Target, s_tir, te, tirx, tvm
+from .kernel import DEFAULT_OUTPUT_DIR, Kernel, TensorSpec, export_kernel
+from .params import calculate_group
+from .target import resolve_target
+
+__all__ = [
+    "Schedule",
+    "auto_schedule",
+    "build",
+    "calculate_group",
+    "conv3d_backprop_filter",
+]
+
+# Attribute keys under which an operator's result stage records how it was made.
+_ATTR_OP = "tbe_like.op"
+_ATTR_ARGS = "tbe_like.args"
+_ATTR_INPUTS = "tbe_like.inputs"
+_ATTR_LAYOUTS = "tbe_like.layouts"
+
+
+@dataclass(frozen=True)
+class _OpSpec:
+    validate: Callable[..., Any]  # (**recorded args) -> params dataclass
+    input_layouts: tuple[str, ...]
+    output_layout: str
+
+
+_OPS: dict[str, _OpSpec] = {
+    params.FILTER_OP: _OpSpec(params.backprop_filter_params,
+                              (params.NDC1HWC0, params.NDC1HWC0), params.FRACTAL_Z_3D),
+}
+
+
+def _static_shape(op: str, name: str, tensor: Any) -> tuple[tuple[int, ...], str]:
+    if not isinstance(tensor, te.Tensor):
+        raise TypeError(f"{op}: {name} must be a tensor from tvm.placeholder, got "
+                        f"{type(tensor).__name__}")
+    shape = []
+    for extent in tensor.shape:
+        if not isinstance(extent, tirx.IntImm):
+            raise ValueError(f"{op}: {name} must have a static shape, got {list(tensor.shape)}")
+        shape.append(int(extent))
+    return tuple(shape), str(tensor.dtype)
+
+
+def _normalized(para_dict: Any) -> Any:
+    """para_dict as plain JSON values (lists for tuples), for recording and metadata."""
+    if isinstance(para_dict, Mapping):
+        return {str(k): _normalized(v) for k, v in para_dict.items()}
+    if isinstance(para_dict, (list, tuple)):
+        return [_normalized(v) for v in para_dict]
+    if hasattr(para_dict, "__index__") and not isinstance(para_dict, bool):
+        return int(para_dict)
+    return para_dict
+
+
+def conv3d_backprop_filter(x: te.Tensor, out_backprop: te.Tensor, filter_size: Any,
+                           para_dict: Mapping[str, Any]) -> te.Tensor:
+    """The weight gradient of a 3D convolution, as TBE's ``dsl.conv3d_backprop_filter``.
+
+    Parameters
+    ----------
+    x : te.Tensor
+        The forward input, NDC1HWC0 ``(N, D, Cin1, H, W, C0)``; float16, bfloat16 or float32.
+        C0 is 16 (also 8 for float32).
+    out_backprop : te.Tensor
+        The gradient of the forward output, NDC1HWC0 ``(N, Do, Cout1, Ho, Wo, C0)``, same dtype.
+    filter_size : list of 5 ints
+        ``[Cout, kd, Cin/groups, kh, kw]``.
+    para_dict : dict
+        ``strides`` ``[sd, sh, sw]`` (or ``[1, sd, sh, sw, 1]``), ``pads``
+        ``[front, back, top, bottom, left, right]`` (both required); ``dilations``
+        ``[1, dd, 1, dh, dw]`` (or 3 entries, default 1s); ``res_dtype`` (``"float32"``,
+        float16, bfloat16); ``kernel_name``; ``group_dict`` (see ``calculate_group``; default
+        groups = 1).
+
+    Returns
+    -------
+    te.Tensor
+        dW as FRACTAL_Z_3D with groups, ``(real_g, kd*cin1_g*kh*kw, cout_g, C0)`` in
+        ``res_dtype``, accumulated in float32; zero in cross-group and padded channel cells.
+    """
+    op = params.FILTER_OP
+    x_shape, x_dtype = _static_shape(op, "x", x)
+    dy_shape, dy_dtype = _static_shape(op, "out_backprop", out_backprop)
+    p = params.backprop_filter_params(x_shape, x_dtype, dy_shape, dy_dtype, filter_size,
+                                      para_dict)
+    args = {"x_shape": x_shape, "x_dtype": x_dtype, "dy_shape": dy_shape, "dy_dtype": dy_dtype,
+            "filter_size": filter_size, "para_dict": para_dict}
+    attrs = {_ATTR_OP: op, _ATTR_ARGS: json.dumps(_normalized(args)),
+             _ATTR_INPUTS: [x, out_backprop]}
+    return compute.conv3d_backprop_filter(x, out_backprop, p, attrs=attrs)
+
+
+# ----------------------------------------------------------------------------- scheduling
+
+
+@dataclass
+class Schedule:
+    """What ``auto_schedule`` returns and ``build`` takes.
+
+    Attributes
+    ----------
+    op : str
+        The operator (``"conv3d_backprop_filter"``, ...).
+    params : object
+        Its validated parameters (``tbe_like.params``).
+    target : tvm.target.Target
+        The target the schedule was made for.
+    sch : tvm.s_tir.Schedule
+        The TensorIR schedule of the operator's PrimFunc (``sch.mod["main"]``).
+    inputs, output : te.Tensor
+        The operator's placeholders, in the order of the PrimFunc's parameters, and its result.
+    """
+
+    op: str
+    params: Any
+    target: Target
+    sch: Any
+    inputs: tuple
+    output: Any
+
+    @property
+    def mod(self) -> IRModule:
+        return self.sch.mod
+
+    def script(self) -> str:
+        """The scheduled TensorIR as TVMScript text."""
+        return self.sch.mod.script()
+
+
+def _op_of(res: Any) -> tuple[str, Any, tuple]:
+    if isinstance(res, (list, tuple)) and len(res) == 1:
+        res = res[0]
+    attrs = getattr(getattr(res, "op", None), "attrs", None)
+    if not isinstance(res, te.Tensor) or attrs is None or _ATTR_OP not in attrs:
+        raise TypeError("auto_schedule: res must be the tensor returned by a tbe_like dsl "
+                        f"operator (e.g. dsl.conv3d_backprop_filter), got {type(res).__name__}")
+    return str(attrs[_ATTR_OP]), res, tuple(attrs[_ATTR_INPUTS])
+
+
+def _prim_func(tensors: list, symbol: str):
+    return te.create_prim_func(tensors).with_attr("global_symbol", symbol)
+
+
+def auto_schedule(res: te.Tensor, target: Any = None) -> Schedule:
+    """Schedule an operator's result for a target with the registered rules.
+
+    Parameters
+    ----------
+    res : te.Tensor
+        The output of a dsl operator.
+    target : None, str, dict or tvm.target.Target
+        ``None``: the enclosing ``with Target(...)`` if any, else this CPU (LLVM with its real
+        ``mcpu`` and all cores). ``"llvm"`` / ``"cuda"`` or a target dict are completed likewise.
+    """
+    from . import schedules  # the rules register themselves on import
+
+    op, res, inputs = _op_of(res)
+    spec = _OPS[op]
+    p = spec.validate(**json.loads(str(res.op.attrs[_ATTR_ARGS])))
+    tgt = resolve_target(target)
+    func = _prim_func([*inputs, res], p.kernel_name)
+    sch = s_tir.Schedule(IRModule({"main": func}))
+    sch = schedules.apply_schedule(sch, op, p, tgt)
+    return Schedule(op, p, tgt, sch, inputs, res)
+
+
+# ----------------------------------------------------------------------------- building
+
+_BUILD_KEYS = ("name", "tensor_list", "output_dir", "print_ir")
+
+
+def _ordered_schedule(sch: Schedule, tensor_list: list) -> Any:
+    """The schedule with its PrimFunc parameters in ``tensor_list`` order (trace replayed)."""
+    canonical = [*sch.inputs, sch.output]
+    if all(a.same_as(b) for a, b in zip(tensor_list, canonical, strict=True)):
+        return sch.sch
+    fresh = s_tir.Schedule(IRModule({"main": _prim_func(tensor_list, sch.params.kernel_name)}))
+    sch.sch.trace.apply_to_schedule(fresh, remove_postproc=False)
+    return fresh
+
+
+def _check_tensor_list(sch: Schedule, tensor_list: Any) -> list:
+    if not isinstance(tensor_list, (list, tuple)):
+        raise TypeError(f"build: tensor_list must be a list of tensors, got "
+                        f"{type(tensor_list).__name__}")
+    expected = [*sch.inputs, sch.output]
+    names = [t.op.name for t in expected]
+    for t in tensor_list:
+        if not isinstance(t, te.Tensor):
+            raise TypeError(f"build: tensor_list entries must be tensors, got {type(t).__name__}")
+    if len(tensor_list) != len(expected) or not all(
+            sum(t.same_as(e) for t in tensor_list) == 1 for e in expected):
+        got = [t.op.name for t in tensor_list]
+        raise ValueError(f"build: tensor_list must hold each of the operator's inputs and its "
+                         f"result exactly once {names}, got {got}")
+    if not tensor_list[-1].same_as(sch.output):
+        raise ValueError(f"build: the result {sch.output.op.name!r} must be the last entry of "
+                         f"tensor_list, got {[t.op.name for t in tensor_list]}")
+    return list(tensor_list)
+
+
+def _layout_of(tensor: te.Tensor, inputs: tuple, spec: _OpSpec) -> str:
+    for t, layout in zip(inputs, spec.input_layouts, strict=True):
+        if t.same_as(tensor):
+            return layout
+    return spec.output_layout
+
+
+def build(sch: Schedule, config: Mapping[str, Any]) -> Kernel:
+    """Compile a schedule ahead of time into ``<output_dir>/<name>.so`` and ``.json``.
+
+    Parameters
+    ----------
+    sch : Schedule
+        From ``auto_schedule``.
+    config : dict
+        ``name`` (the kernel name: an identifier), ``tensor_list`` (the inputs then the result,
+        the order of the kernel's arguments), optional ``output_dir`` (default
+        ``"kernel_meta"``) and ``print_ir`` (print the scheduled TensorIR).
+
+    Returns
+    -------
+    Kernel
+        The built kernel, loaded: call it with NumPy arrays for the inputs.
+    """
+    if not isinstance(sch, Schedule):
+        raise TypeError(f"build: sch must come from dsl.auto_schedule, got {type(sch).__name__}")
+    if not isinstance(config, Mapping):
+        raise TypeError(f"build: config must be a dict, got {type(config).__name__}")
+    unknown = sorted(str(k) for k in config if k not in _BUILD_KEYS)
+    if unknown:
+        raise ValueError(f"build: config has unknown key(s) {unknown}; valid keys are "
+                         f"{list(_BUILD_KEYS)}")
+    for key in ("name", "tensor_list"):
+        if key not in config:
+            raise ValueError(f"build: config is missing the required key {key!r}")
+    name = params.check_kernel_name("build", config["name"])
+    tensor_list = _check_tensor_list(sch, config["tensor_list"])
+    ordered = _ordered_schedule(sch, tensor_list)
+    mod = IRModule({"main": ordered.mod["main"].with_attr("global_symbol", name)})
+    if config.get("print_ir"):
+        print(mod.script())
+    executable = tvm.compile(mod, target=sch.target)
+    spec = _OPS[sch.op]
+    specs = [TensorSpec(t.op.name, tuple(int(s) for s in t.shape), str(t.dtype),
+                        _layout_of(t, sch.inputs, spec)) for t in tensor_list]
+    para = dict(sch.params.para_dict)
+    para["group_dict"] = sch.params.geometry.group.as_group_dict()
+    return export_kernel(executable, config.get("output_dir", DEFAULT_OUTPUT_DIR), name, sch.op,
+                         sch.target, specs[:-1], specs[-1:], _normalized(para))

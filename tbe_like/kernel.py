@@ -1,0 +1,298 @@
+"""Ahead-of-time kernels: export a compiled module with its metadata, load it back, call it.
+
+A built kernel is two files in the output folder (``kernel_meta/`` by default):
+
+* ``<kernel_name>.so``   the shared library TVM's ``export_library`` wrote;
+* ``<kernel_name>.json`` what is needed to call it without the compiler: the argument list (names,
+  shapes, dtypes, layouts), the target, the CPU features the code needs, the TVM version, the
+  operator's parameters and the library's SHA-256 (a truncated or foreign library is refused).
+
+Both are written to temporary files and renamed into place, so an interrupted build never leaves a
+half-written kernel that a later ``load_kernel`` would pick up. Files of the same name that were not
+written by tbe_like are never overwritten.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import target as _target
+from ._tvm import TVM_VERSION, Target, tvm_runtime
+from .params import check_kernel_name
+
+METADATA_FORMAT = "tbe_like.kernel/1"
+DEFAULT_OUTPUT_DIR = "kernel_meta"
+
+
+class KernelLoadError(ValueError):
+    """A kernel's files are missing, corrupt, or cannot run on this machine."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One argument of a kernel: name, shape, dtype and layout (e.g. ``NDC1HWC0``)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    layout: str
+
+    @classmethod
+    def from_json(cls, d: dict) -> TensorSpec:
+        return cls(str(d["name"]), tuple(int(s) for s in d["shape"]), str(d["dtype"]),
+                   str(d["layout"]))
+
+
+def _numpy_dtype(dtype: str) -> np.dtype:
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
+
+
+class Kernel:
+    """A compiled operator: call it with NumPy arrays for the inputs, get the output back.
+
+    Parameters
+    ----------
+    func : tvm PackedFunc
+        The kernel entry point (inputs then outputs, all preallocated).
+    metadata : dict
+        The content of ``<kernel_name>.json``.
+    path : Path or None
+        The shared library the kernel came from (``None`` for an in-memory kernel).
+    """
+
+    def __init__(self, func: Any, metadata: dict, path: Path | None = None, module: Any = None):
+        self._func = func
+        self._module = module  # keeps the library loaded as long as the kernel lives
+        self.metadata = metadata
+        self.path = path
+        self.name: str = metadata["kernel_name"]
+        self.inputs = tuple(TensorSpec.from_json(t) for t in metadata["inputs"])
+        self.outputs = tuple(TensorSpec.from_json(t) for t in metadata["outputs"])
+        self.target_kind: str = metadata["target_kind"]
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{t.name}{list(t.shape)}:{t.dtype}" for t in self.inputs)
+        outs = ", ".join(f"{t.name}{list(t.shape)}:{t.dtype}" for t in self.outputs)
+        return f"Kernel({self.name}: ({args}) -> ({outs}), target={self.target_kind})"
+
+    def _device(self):
+        if self.target_kind == "cuda":
+            dev = tvm_runtime.cuda(0)
+            if not dev.exist:
+                raise RuntimeError(f"kernel {self.name}: built for CUDA, but no CUDA GPU is "
+                                   "present on this machine")
+            return dev
+        return tvm_runtime.cpu(0)
+
+    def _check_inputs(self, arrays: Sequence[Any]) -> list[np.ndarray]:
+        if len(arrays) != len(self.inputs):
+            names = [t.name for t in self.inputs]
+            raise TypeError(f"kernel {self.name}: expected {len(self.inputs)} input arrays "
+                            f"{names}, got {len(arrays)}")
+        checked = []
+        for spec, arr in zip(self.inputs, arrays, strict=True):
+            if not isinstance(arr, np.ndarray):
+                raise TypeError(f"kernel {self.name}: input {spec.name!r} must be a numpy array, "
+                                f"got {type(arr).__name__}")
+            if tuple(arr.shape) != spec.shape:
+                raise ValueError(f"kernel {self.name}: input {spec.name!r} must have shape "
+                                 f"{spec.shape}, got {tuple(arr.shape)}")
+            if arr.dtype != _numpy_dtype(spec.dtype):
+                raise ValueError(f"kernel {self.name}: input {spec.name!r} must have dtype "
+                                 f"{spec.dtype}, got {arr.dtype}")
+            checked.append(np.ascontiguousarray(arr))
+        return checked
+
+    def _device_args(self, arrays: Sequence[Any]) -> list[Any]:
+        dev = self._device()
+        args = [tvm_runtime.tensor(a, dev) for a in self._check_inputs(arrays)]
+        args += [tvm_runtime.empty(t.shape, t.dtype, dev) for t in self.outputs]
+        return args
+
+    def __call__(self, *arrays: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
+        """Run on NumPy inputs (in ``tensor_list`` order); return the output array(s)."""
+        args = self._device_args(arrays)
+        self._func(*args)
+        outs = tuple(a.numpy() for a in args[len(self.inputs):])
+        return outs[0] if len(outs) == 1 else outs
+
+    def time(self, *arrays: np.ndarray, repeat: int = 5, min_seconds: float = 0.2) -> float:
+        """Median seconds of one call (excluding host/device copies), over ``repeat`` batches."""
+        args = self._device_args(arrays)
+        dev = args[0].device
+        self._func(*args)  # warm up (page faults, thread pool start)
+        times = []
+        for _ in range(repeat):
+            number, start = 0, time.perf_counter()
+            while True:
+                self._func(*args)
+                number += 1
+                dev.sync()
+                elapsed = time.perf_counter() - start
+                if elapsed >= min_seconds / repeat:
+                    break
+            times.append(elapsed / number)
+        return float(np.median(times))
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _is_ours(json_path: Path) -> bool:
+    try:
+        return json.loads(json_path.read_text("utf-8")).get("format") == METADATA_FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _refuse_foreign(op: str, so_path: Path, json_path: Path) -> None:
+    """Never replace files that a previous tbe_like build did not write."""
+    ours = json_path.exists() and _is_ours(json_path)
+    for p in (so_path, json_path):
+        if p.exists() and not ours:
+            raise FileExistsError(f"{op}: {p} exists and was not written by tbe_like; refusing to "
+                                  "overwrite it (choose another kernel_name or output_dir)")
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def target_json(target: Target) -> dict:
+    return json.loads(str(target)) if str(target).startswith("{") else {"repr": str(target)}
+
+
+def export_kernel(executable: Any, output_dir: str | os.PathLike, kernel_name: str, op: str,
+                  target: Target, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
+                  para_dict: dict) -> Kernel:
+    """Write ``<kernel_name>.so`` and ``.json`` atomically and return the loaded kernel."""
+    check_kernel_name(op, kernel_name)
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    so_path, json_path = out / f"{kernel_name}.so", out / f"{kernel_name}.json"
+    _refuse_foreign(op, so_path, json_path)
+    fd, tmp_so = tempfile.mkstemp(dir=out, prefix=f".{kernel_name}.", suffix=".so")
+    os.close(fd)
+    try:
+        executable.export_library(tmp_so)
+        digest = _sha256(Path(tmp_so))
+        os.replace(tmp_so, so_path)
+    except BaseException:
+        Path(tmp_so).unlink(missing_ok=True)
+        raise
+    kind = str(target.kind.name)
+    metadata = {
+        "format": METADATA_FORMAT,
+        "kernel_name": kernel_name,
+        "op": op,
+        "library": so_path.name,
+        "sha256": digest,
+        "inputs": [asdict(t) | {"shape": list(t.shape)} for t in inputs],
+        "outputs": [asdict(t) | {"shape": list(t.shape)} for t in outputs],
+        "target": target_json(target),
+        "target_kind": kind,
+        "required_cpu_features": _target.required_x86_features(target) if kind == "llvm" else [],
+        "tvm_version": TVM_VERSION,
+        "para_dict": _jsonable(para_dict),
+    }
+    _atomic_write_text(json_path, json.dumps(metadata, indent=2) + "\n")
+    return load_kernel(json_path)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    if isinstance(value, np.integer):
+        return int(value)
+    return repr(value)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def _metadata_path(path: str | os.PathLike) -> Path:
+    p = Path(path)
+    if p.suffix in (".so", ".json"):
+        return p.with_suffix(".json")
+    return p.with_name(p.name + ".json")
+
+
+def load_kernel(path: str | os.PathLike) -> Kernel:
+    """Load a kernel that ``dsl.build`` wrote; no compiler is involved.
+
+    Parameters
+    ----------
+    path : str or PathLike
+        ``kernel_meta/<name>.so``, ``kernel_meta/<name>.json`` or ``kernel_meta/<name>``.
+
+    Raises
+    ------
+    KernelLoadError
+        When a file is missing, the metadata is not tbe_like's, the library does not match its
+        recorded SHA-256 (truncated or replaced), or this CPU lacks a feature the code uses.
+    """
+    json_path = _metadata_path(path)
+    try:
+        metadata = json.loads(json_path.read_text("utf-8"))
+    except FileNotFoundError:
+        raise KernelLoadError(f"load_kernel: no kernel metadata at {json_path}") from None
+    except ValueError as e:
+        raise KernelLoadError(f"load_kernel: {json_path} is not valid JSON ({e})") from None
+    if not isinstance(metadata, dict) or metadata.get("format") != METADATA_FORMAT:
+        raise KernelLoadError(f"load_kernel: {json_path} is not a tbe_like kernel description")
+    so_path = json_path.parent / metadata["library"]
+    if not so_path.is_file():
+        raise KernelLoadError(f"load_kernel: the library {so_path} is missing")
+    if _sha256(so_path) != metadata["sha256"]:
+        raise KernelLoadError(f"load_kernel: {so_path} does not match its recorded SHA-256 "
+                              "(truncated or replaced); rebuild the kernel")
+    missing = set(metadata.get("required_cpu_features", ())) - _host_features()
+    if missing:
+        raise KernelLoadError(f"load_kernel: {metadata['kernel_name']} was built for a CPU with "
+                              f"{sorted(missing)}, which this CPU lacks; rebuild it here")
+    module = tvm_runtime.load_module(str(so_path))
+    func = module[metadata["kernel_name"]]
+    return Kernel(func, metadata, so_path, module)
+
+
+def _host_features() -> set[str]:
+    """This CPU's features in LLVM's spelling (``/proc/cpuinfo`` spells a few differently)."""
+    flags = set(_target.host_cpu_flags())
+    if not flags:  # unknown platform: trust the build
+        return {"avx512f", "avx512bw", "avx2", "fma", "f16c"}
+    return flags

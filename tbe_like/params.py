@@ -1,0 +1,338 @@
+"""Validation and shape maths for every operator, as pure functions on ints and tuples.
+
+The DSL face turns its arguments into the frozen dataclasses below before any tensor expression is
+built; compute, references and tests all reuse them. Every rule raises ``ValueError`` (bad value)
+or ``TypeError`` (bad kind) with a message that names the operator, the parameter and the value.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from numbers import Integral
+from typing import Any
+
+from .groups import FRACTAL_N0, GROUP_DICT_KEYS, GroupInfo, group_info
+
+# Limits of TBE's conv3d backprop op checkers (util_cube_dynamic / conv3d_backprop_*_d):
+# strides in [1, 63], pads in [0, 255], dilations in [1, 255], kernel extents in [1, 255].
+STRIDE_MAX = 63
+PAD_MAX = 255
+DILATION_MAX = 255
+KERNEL_MAX = 255
+
+# Input dtypes the cube computes on; accumulation is always float32.
+INPUT_DTYPES = ("float16", "bfloat16", "float32")
+RES_DTYPES = ("float32", "float16", "bfloat16")
+# C0 is read from the placeholder's last axis: 16 for every dtype (TBE), 8 also for float32.
+C0_BY_DTYPE = {"float16": (16,), "bfloat16": (16,), "float32": (16, 8)}
+
+# A kernel name becomes a file name in the output folder: a plain identifier can never escape it.
+KERNEL_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+KERNEL_NAME_MAX = 200
+
+NDC1HWC0 = "NDC1HWC0"
+FRACTAL_Z_3D = "FRACTAL_Z_3D"
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def conv_out_size(size: int, pad_before: int, pad_after: int, k: int, stride: int,
+                  dilation: int) -> int:
+    """Output extent of a convolution along one axis (may be < 1 for an invalid combination)."""
+    return (size + pad_before + pad_after - ((k - 1) * dilation + 1)) // stride + 1
+
+
+# ----------------------------------------------------------------------------- small checkers
+
+
+def _fail(op: str, message: str) -> ValueError:
+    return ValueError(f"{op}: {message}")
+
+
+def check_int(op: str, name: str, value: Any) -> int:
+    """An integer (not a bool), else TypeError."""
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise TypeError(f"{op}: {name} must be an int, got {value!r} ({type(value).__name__})")
+    return int(value)
+
+
+def check_int_list(op: str, name: str, value: Any, lengths: Sequence[int], hint: str) -> tuple:
+    """A list or tuple of ints with one of ``lengths`` entries."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"{op}: {name} must be a list or tuple of ints {hint}, got {value!r}")
+    items = tuple(check_int(op, f"{name} entry", v) for v in value)
+    if len(items) not in lengths:
+        counts = " or ".join(str(n) for n in lengths)
+        raise _fail(op, f"{name} must have {counts} entries {hint}, got {list(value)}")
+    return items
+
+
+def check_range(op: str, name: str, values: Sequence[int], lo: int, hi: int) -> None:
+    for v in values:
+        if not lo <= v <= hi:
+            raise _fail(op, f"{name} entries must be in [{lo}, {hi}], got {list(values)}")
+
+
+def spatial3(op: str, name: str, value: Any, full_axes: str, spatial_axes: str, lo: int,
+             hi: int) -> tuple[int, int, int]:
+    """Read a D/H/W triple given as 3 entries or as 5 in the ``full_axes`` order.
+
+    ``full_axes`` is the 5-letter order of the long form (e.g. ``"NDHWC"``); the entries of the
+    non-spatial axes must be 1.
+    """
+    hint = f"[{', '.join('s' + a.lower() for a in spatial_axes)}]"
+    long_hint = "[" + ", ".join("1" if a in "NC" else "s" + a.lower() for a in full_axes) + "]"
+    items = check_int_list(op, name, value, (3, 5), f"{hint} or {long_hint}")
+    if len(items) == 5:
+        if any(items[full_axes.index(a)] != 1 for a in "NC"):
+            raise _fail(op, f"{name} must be 1 on the N and C axes {long_hint}, got {list(items)}")
+        items = tuple(items[full_axes.index(a)] for a in spatial_axes)
+    check_range(op, name, items, lo, hi)
+    return items  # type: ignore[return-value]
+
+
+def check_pads(op: str, value: Any) -> tuple[int, ...]:
+    pads = check_int_list(op, "pads", value, (6,), "[front, back, top, bottom, left, right]")
+    check_range(op, "pads", pads, 0, PAD_MAX)
+    return pads
+
+
+def check_dtype(op: str, name: str, dtype: Any, allowed: Sequence[str]) -> str:
+    if not isinstance(dtype, str):
+        raise TypeError(f"{op}: {name} must be a dtype name string, got {dtype!r}")
+    if dtype not in allowed:
+        raise _fail(op, f"{name} must be one of {list(allowed)}, got {dtype!r}")
+    return dtype
+
+
+def check_kernel_name(op: str, name: Any) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"{op}: kernel_name must be a string, got {name!r}")
+    if not KERNEL_NAME_RE.fullmatch(name) or len(name) > KERNEL_NAME_MAX:
+        raise _fail(op, "kernel_name must be an identifier (letters, digits, '_', not starting "
+                    f"with a digit, at most {KERNEL_NAME_MAX} characters), got {name!r}")
+    return name
+
+
+def check_para_dict(op: str, para_dict: Any, required: Sequence[str],
+                    defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """Reject unknown or missing keys and fill in the defaults."""
+    if not isinstance(para_dict, Mapping):
+        raise TypeError(f"{op}: para_dict must be a dict, got {type(para_dict).__name__}")
+    valid = tuple(required) + tuple(defaults)
+    unknown = sorted(str(k) for k in para_dict if k not in valid)
+    if unknown:
+        raise _fail(op, f"para_dict has unknown key(s) {unknown}; valid keys are {list(valid)}")
+    missing = [k for k in required if k not in para_dict]
+    if missing:
+        raise _fail(op, f"para_dict is missing required key(s) {missing}")
+    return {**defaults, **para_dict}
+
+
+def check_6hd(op: str, name: str, shape: Sequence[int], dtype: str) -> tuple[int, ...]:
+    """A NDC1HWC0 shape: rank 6, positive extents, a C0 allowed for the dtype."""
+    if len(shape) != 6:
+        raise _fail(op, f"{name} must be a 6-D {NDC1HWC0} tensor (N, D, C1, H, W, C0), "
+                    f"got shape {tuple(shape)}")
+    if any(s < 1 for s in shape):
+        raise _fail(op, f"{name} shape must be positive, got {tuple(shape)}")
+    if shape[5] not in C0_BY_DTYPE[dtype]:
+        raise _fail(op, f"{name} C0 (last axis) must be one of {list(C0_BY_DTYPE[dtype])} for "
+                    f"{dtype}, got {shape[5]} in shape {tuple(shape)}")
+    return tuple(shape)
+
+
+def check_group_dict(op: str, value: Any) -> None:
+    """A user group_dict: a dict with exactly the six TBE keys, all ints."""
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{op}: group_dict must be a dict, got {type(value).__name__}")
+    keys = set(value)
+    if keys != set(GROUP_DICT_KEYS):
+        raise _fail(op, f"group_dict must have exactly the keys {list(GROUP_DICT_KEYS)}, got "
+                    f"{sorted(map(str, keys))}")
+    for key in GROUP_DICT_KEYS:
+        check_int(op, f"group_dict[{key!r}]", value[key])
+
+
+# ----------------------------------------------------------------------------- groups
+
+
+def resolve_groups(op: str, group_dict: Any, cin_per_group: int, cout: int, cin1: int,
+                   cout1: int, c0: int) -> GroupInfo:
+    """The GroupInfo of an operator: from ``group_dict`` when given, else for groups = 1.
+
+    ``cin1``/``cout1`` are the C1 extents of the 6HD tensors; the channel counts implied by
+    group_dict must fill exactly those many blocks of ``c0`` channels.
+    """
+    if group_dict is None:
+        cin = cin_per_group
+        groups = 1
+    else:
+        check_group_dict(op, group_dict)
+        cin, cout_ori = int(group_dict["cin_ori"]), int(group_dict["cout_ori"])
+        if cout_ori != cout:
+            raise _fail(op, f"group_dict['cout_ori']={cout_ori} must equal Cout={cout} of "
+                        "filter_size")
+        if cin < 1 or cin % cin_per_group:
+            raise _fail(op, f"group_dict['cin_ori']={cin} must be a positive multiple of "
+                        f"Cin/groups={cin_per_group} from filter_size")
+        groups = cin // cin_per_group
+        if cout % groups:
+            raise _fail(op, f"groups={groups} (cin_ori / (Cin/groups)) must divide "
+                        f"Cout={cout}")
+    info = group_info(cin, cout, groups, cout0=FRACTAL_N0, cin0=c0)
+    if group_dict is not None:
+        expected = info.as_group_dict()
+        given = {k: int(group_dict[k]) for k in GROUP_DICT_KEYS}
+        if given != expected:
+            raise _fail(op, f"group_dict {given} is inconsistent with Cin={cin}, Cout={cout}, "
+                        f"groups={groups}; expected {expected} (dsl.calculate_group)")
+    if ceil_div(cin, c0) != cin1:
+        raise _fail(op, f"Cin={cin} needs C1={ceil_div(cin, c0)} blocks of C0={c0}, but the "
+                    f"feature map has C1={cin1}")
+    if ceil_div(cout, c0) != cout1:
+        raise _fail(op, f"Cout={cout} needs C1={ceil_div(cout, c0)} blocks of C0={c0}, but "
+                    f"out_backprop has C1={cout1}")
+    return info
+
+
+def calculate_group(fmap_c: Any, cout: Any, groups: Any, cout0: Any = FRACTAL_N0,
+                    cin0: Any = 16) -> dict[str, int]:
+    """The TBE group_dict for ``fmap_c`` input and ``cout`` output channels in ``groups``."""
+    op = "calculate_group"
+    fmap_c, cout, groups = (check_int(op, n, v) for n, v in
+                            (("fmap_c", fmap_c), ("cout", cout), ("groups", groups)))
+    cout0, cin0 = check_int(op, "cout0", cout0), check_int(op, "cin0", cin0)
+    for name, v in (("fmap_c", fmap_c), ("cout", cout), ("groups", groups), ("cout0", cout0),
+                    ("cin0", cin0)):
+        if v < 1:
+            raise _fail(op, f"{name} must be >= 1, got {v}")
+    for name, v in (("fmap_c", fmap_c), ("cout", cout)):
+        if v % groups:
+            raise _fail(op, f"groups={groups} must divide {name}={v}")
+    return group_info(fmap_c, cout, groups, cout0=cout0, cin0=cin0).as_group_dict()
+
+
+# ----------------------------------------------------------------------------- operators
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    """The 3D convolution both gradients are taken of (forward direction x -> y).
+
+    All spatial tuples are (D, H, W); ``pads`` is (front, back, top, bottom, left, right).
+    """
+
+    batch: int
+    in_spatial: tuple[int, int, int]
+    out_spatial: tuple[int, int, int]
+    kernel: tuple[int, int, int]
+    strides: tuple[int, int, int]
+    pads: tuple[int, int, int, int, int, int]
+    dilations: tuple[int, int, int]
+    group: GroupInfo
+    c0: int
+
+    @property
+    def pads_before(self) -> tuple[int, int, int]:
+        return self.pads[0], self.pads[2], self.pads[4]
+
+    @property
+    def pads_after(self) -> tuple[int, int, int]:
+        return self.pads[1], self.pads[3], self.pads[5]
+
+    def flops(self) -> int:
+        """Multiply-adds x 2 of one gradient (the same for dW, dX and the forward)."""
+        g = self.group
+        per_out = g.cin_per_group * math.prod(self.kernel)
+        return 2 * self.batch * g.cout_ori * math.prod(self.out_spatial) * per_out
+
+
+def check_geometry(op: str, in_spatial: Sequence[int], out_spatial: Sequence[int],
+                   kernel: Sequence[int], strides: Sequence[int], pads: Sequence[int],
+                   dilations: Sequence[int]) -> None:
+    """The output extents of dy must be those of the convolution the parameters describe."""
+    for axis, name in enumerate("DHW"):
+        expected = conv_out_size(in_spatial[axis], pads[2 * axis], pads[2 * axis + 1],
+                                 kernel[axis], strides[axis], dilations[axis])
+        if expected < 1:
+            raise _fail(op, f"the dilated kernel {name} extent "
+                        f"{(kernel[axis] - 1) * dilations[axis] + 1} exceeds the padded input "
+                        f"{name}={in_spatial[axis] + pads[2 * axis] + pads[2 * axis + 1]}")
+        if out_spatial[axis] != expected:
+            raise _fail(op, f"out_backprop {name}o={out_spatial[axis]} does not match the "
+                        f"convolution: ({name}={in_spatial[axis]} + pads "
+                        f"{pads[2 * axis]}+{pads[2 * axis + 1]} - dilated kernel "
+                        f"{(kernel[axis] - 1) * dilations[axis] + 1}) // stride "
+                        f"{strides[axis]} + 1 = {expected}")
+
+
+@dataclass(frozen=True)
+class BackpropFilterParams:
+    """Validated arguments of ``dsl.conv3d_backprop_filter``."""
+
+    geometry: ConvGeometry
+    x_shape: tuple[int, ...]
+    dy_shape: tuple[int, ...]
+    dtype: str
+    res_dtype: str
+    kernel_name: str
+    para_dict: dict = field(compare=False, hash=False)
+
+    @property
+    def out_shape(self) -> tuple[int, int, int, int]:
+        g, (kd, kh, kw) = self.geometry.group, self.geometry.kernel
+        return (g.real_g, kd * g.cin1_g * kh * kw, g.cout_g, self.geometry.c0)
+
+
+FILTER_OP = "conv3d_backprop_filter"
+FILTER_DEFAULTS = {
+    "dilations": (1, 1, 1, 1, 1),
+    "res_dtype": "float32",
+    "kernel_name": "conv3d_backprop_filter_cce",
+    "group_dict": None,
+}
+
+
+def backprop_filter_params(x_shape: Sequence[int], x_dtype: str, dy_shape: Sequence[int],
+                           dy_dtype: str, filter_size: Any, para_dict: Any
+                           ) -> BackpropFilterParams:
+    """Validate the arguments of ``conv3d_backprop_filter`` (SPEC.md) and derive its geometry."""
+    op = FILTER_OP
+    pd = check_para_dict(op, para_dict, ("strides", "pads"), FILTER_DEFAULTS)
+    check_dtype(op, "x dtype", x_dtype, INPUT_DTYPES)
+    check_dtype(op, "out_backprop dtype", dy_dtype, INPUT_DTYPES)
+    if x_dtype != dy_dtype:
+        raise _fail(op, f"x and out_backprop must have the same dtype, got {x_dtype!r} and "
+                    f"{dy_dtype!r}")
+    res_dtype = check_dtype(op, "res_dtype", pd["res_dtype"], RES_DTYPES)
+    x_shape = check_6hd(op, "x", x_shape, x_dtype)
+    dy_shape = check_6hd(op, "out_backprop", dy_shape, dy_dtype)
+    if x_shape[5] != dy_shape[5]:
+        raise _fail(op, f"x C0={x_shape[5]} and out_backprop C0={dy_shape[5]} must be equal")
+    if x_shape[0] != dy_shape[0]:
+        raise _fail(op, f"batch mismatch: x has N={x_shape[0]}, out_backprop has "
+                    f"N={dy_shape[0]}")
+    size = check_int_list(op, "filter_size", filter_size, (5,), "[Cout, kd, Cin/groups, kh, kw]")
+    check_range(op, "filter_size", size, 1, 2**31 - 1)
+    cout, kd, cin_g, kh, kw = size
+    kernel = (kd, kh, kw)
+    check_range(op, "filter_size kernel extents (kd, kh, kw)", kernel, 1, KERNEL_MAX)
+    strides = spatial3(op, "strides", pd["strides"], "NDHWC", "DHW", 1, STRIDE_MAX)
+    pads = check_pads(op, pd["pads"])
+    dilations = spatial3(op, "dilations", pd["dilations"], "NDCHW", "DHW", 1, DILATION_MAX)
+    kernel_name = check_kernel_name(op, pd["kernel_name"])
+    c0 = x_shape[5]
+    group = resolve_groups(op, pd["group_dict"], cin_g, cout, x_shape[2], dy_shape[2], c0)
+    in_sp = (x_shape[1], x_shape[3], x_shape[4])
+    out_sp = (dy_shape[1], dy_shape[3], dy_shape[4])
+    check_geometry(op, in_sp, out_sp, kernel, strides, pads, dilations)
+    geometry = ConvGeometry(x_shape[0], in_sp, out_sp, kernel, strides, pads, dilations,
+                            group, c0)
+    return BackpropFilterParams(geometry, x_shape, dy_shape, x_dtype, res_dtype, kernel_name,
+                                dict(pd))

@@ -1,0 +1,22 @@
+"""Names and tags of the compute stages.
+
+Schedules find stages by these names (``Schedule.get_sblock(name)``), never by walking
+``input_tensors`` chains, so renaming a stage is a change to this file alone. The block name of a
+stage is its ``name``; its ``tag`` says which operator and which role it belongs to.
+"""
+
+from __future__ import annotations
+
+# conv3d_backprop_filter (weight gradient)
+DW_FMAP_PAD = "dw_fmap_pad"  # x in NDC1HWC0, zero-padded in D/H/W and in channel blocks
+DW_FMAP_COL = "dw_fmap_col"  # the padded x re-indexed into the (merged group) column matrix
+DW_DY_MATRIX = "dw_dy_matrix"  # dy in NDC1HWC0 re-indexed into a (group, m, cout_g) matrix
+DW_MAD = "dw_mad"  # the float32 reduction over n, do, ho, wo
+DW_RES = "dw_res"  # the result in FRACTAL_Z_3D, cross-group and padded cells zeroed
+
+TAG_PREFIX = "tbe_like."
+
+
+def tag(op: str, stage: str) -> str:
+    """The ``tag=`` of a stage: ``tbe_like.<op>.<stage>``."""
+    return f"{TAG_PREFIX}{op}.{stage}"

@@ -1,0 +1,109 @@
+"""Targets: the host CPU as an LLVM target, CUDA targets, and the runtime's thread count.
+
+TVM 0.27 takes targets as dicts. An LLVM target without a real ``mcpu`` silently compiles SSE code
+without FMA (about 4x slower), so the host CPU is named explicitly, read from LLVM at run time.
+TVM's thread pool sizes itself to half the hardware threads (it assumes hyper-threading), which is
+one thread on a 2-core machine: ``ensure_threads`` sets ``TVM_NUM_THREADS`` before the pool starts.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+from ._tvm import Target, target_codegen
+
+# The x86 features a kernel's vector code may use, widest first, with the fp32 lanes they give.
+_VECTOR_FEATURES = (("avx512f", 16), ("avx2", 8), ("avx", 8), ("sse2", 4))
+
+
+def cpu_count() -> int:
+    """The cores this process may run on (affinity-aware)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def ensure_threads() -> int:
+    """Make TVM's runtime use every allowed core unless the user chose a number; return it.
+
+    Must run before the first parallel kernel starts TVM's thread pool; importing tbe_like does it.
+    """
+    return int(os.environ.setdefault("TVM_NUM_THREADS", str(cpu_count())))
+
+
+@functools.lru_cache(maxsize=1)
+def host_cpu() -> str:
+    """The LLVM name of this machine's CPU (e.g. ``znver3``, ``sapphirerapids``)."""
+    return str(target_codegen.llvm_get_system_cpu())
+
+
+def host_target() -> Target:
+    """The LLVM target for this CPU, with every core (MetaSchedule needs ``num-cores``)."""
+    return Target({"kind": "llvm", "mcpu": host_cpu(), "num-cores": cpu_count()})
+
+
+def cuda_target(arch: str = "sm_80") -> Target:
+    return Target({"kind": "cuda", "arch": arch})
+
+
+def resolve_target(target: Any = None) -> Target:
+    """Turn ``None`` / ``"llvm"`` / ``"cuda"`` / a dict / a Target into a Target.
+
+    ``None`` means the ``with`` target context if there is one, else the host CPU. A bare
+    ``"llvm"`` or an LLVM dict without ``mcpu`` is completed with the host CPU and core count.
+    """
+    if target is None:
+        current = Target.current(allow_none=True)
+        return current if current is not None else host_target()
+    if isinstance(target, Target):
+        return target
+    if isinstance(target, str):
+        if target not in ("llvm", "cuda"):
+            raise ValueError(f"target must be 'llvm', 'cuda', a dict or a tvm Target, got "
+                             f"{target!r}")
+        target = {"kind": target}
+    if not isinstance(target, dict):
+        raise TypeError(f"target must be None, a str, a dict or a tvm Target, got "
+                        f"{type(target).__name__}")
+    config = dict(target)
+    if config.get("kind") == "llvm":
+        config.setdefault("mcpu", host_cpu())
+        config.setdefault("num-cores", cpu_count())
+    elif config.get("kind") == "cuda":
+        config.setdefault("arch", "sm_80")
+    return Target(config)
+
+
+def cpu_features(target: Target) -> frozenset[str]:
+    """The LLVM CPU features of an LLVM target (``avx2``, ``avx512f``, ``fma``, ...)."""
+    return frozenset(str(f) for f in target_codegen.llvm_get_cpu_features(target))
+
+
+def vector_lanes(target: Target, bits: int = 32) -> int:
+    """How many ``bits``-wide lanes one vector register of the target holds."""
+    features = cpu_features(target)
+    for feature, lanes32 in _VECTOR_FEATURES:
+        if feature in features:
+            return lanes32 * 32 // bits
+    return 1
+
+
+def host_cpu_flags() -> frozenset[str]:
+    """The feature flags of this machine's CPU as the kernel reports them (Linux)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:  # pragma: no cover - not Linux
+        pass
+    return frozenset()
+
+
+def required_x86_features(target: Target) -> list[str]:
+    """The vector features a kernel built for ``target`` needs from the machine that runs it."""
+    features = cpu_features(target)
+    return sorted(f for f in ("avx512f", "avx512bw", "avx2", "fma", "f16c") if f in features)
