@@ -1,0 +1,39 @@
+"""Shared fixtures: one kernel folder per test session, and a per-session kernel cache."""
+
+from __future__ import annotations
+
+import pytest
+
+from tbe_like import dsl, tvm
+
+try:
+    import ml_dtypes
+
+    BFLOAT16 = ml_dtypes.bfloat16
+except ImportError:  # pragma: no cover - ml_dtypes is a dependency
+    BFLOAT16 = None
+
+
+@pytest.fixture(scope="session")
+def kernel_dir(tmp_path_factory):
+    """A kernel_meta folder shared by every build of the session."""
+    return tmp_path_factory.mktemp("kernel_meta")
+
+
+@pytest.fixture(scope="session")
+def filter_kernel(kernel_dir):
+    """Build (once per session and argument set) a conv3d_backprop_filter kernel."""
+    cache = {}
+
+    def get(x_shape, dy_shape, dtype, filter_size, para_dict, name):
+        key = (x_shape, dy_shape, dtype, tuple(filter_size), repr(sorted(para_dict.items())))
+        if key not in cache:
+            x = tvm.placeholder(x_shape, name="x", dtype=dtype)
+            dy = tvm.placeholder(dy_shape, name="dy", dtype=dtype)
+            res = dsl.conv3d_backprop_filter(x, dy, filter_size, para_dict)
+            sch = dsl.auto_schedule(res)
+            cache[key] = dsl.build(sch, {"name": name, "tensor_list": [x, dy, res],
+                                         "output_dir": str(kernel_dir)})
+        return cache[key]
+
+    return get
