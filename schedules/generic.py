@@ -2,29 +2,21 @@
 
 from __future__ import annotations
 
+from tbe_like._tvm import s_tir
+
 from .registry import register_fallback
 
 
 @register_fallback("llvm")
 def llvm_fallback(sch, target):
-    """Parallelize the outermost loop of every block; nothing that could change the result."""
+    """Parallelize the outermost spatial loop of every block (dlight's loop normalization).
+
+    Nothing here can change a result: no inlining, tiling or reordering of a reduction.
+    """
     del target
-    for block in sch.get_child_blocks(sch.get_sblock("root")) if False else _blocks(sch):
-        loops = sch.get_loops(block)
-        if loops:
+    infos = s_tir.dlight.analysis.normalize_prim_func(sch)
+    for info in infos or ():
+        loops = sch.get_loops(info.block_rv)
+        if loops and info.dom_kind().startswith("S"):
             sch.parallel(loops[0])
     return sch
-
-
-def _blocks(sch):
-    func = next(iter(sch.mod.functions.values()))
-    names = []
-
-    def visit(node):
-        if hasattr(node, "name_hint") and type(node).__name__ == "SBlock":
-            names.append(node.name_hint)
-
-    from tbe_like._tvm import tirx
-
-    tirx.stmt_functor.post_order_visit(func.body, visit)
-    return [sch.get_sblock(n) for n in names if n != "root"]
