@@ -21,3 +21,9 @@ def fuse_parallel_vectorize(sch, block_name: str, n_parallel: int):
         sch.parallel(sch.fuse(*loops[:n_parallel]))
     sch.vectorize(loops[-1])
     return block
+
+
+def num_threads(target) -> int:
+    """The cores a target was made for (``num-cores``), else 1."""
+    cores = target.attrs.get("num-cores") if hasattr(target, "attrs") else None
+    return int(cores) if cores else 1

@@ -15,6 +15,7 @@ A script written for TBE runs with its import line changed to ``from tbe_like im
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +58,10 @@ def _static_shape(op: str, name: str, tensor: Any) -> tuple[tuple[int, ...], str
     if not isinstance(tensor, te.Tensor):
         raise TypeError(f"{op}: {name} must be a tensor from tvm.placeholder, got "
                         f"{type(tensor).__name__}")
+    if not isinstance(tensor.op, te.PlaceholderOp):
+        # create_prim_func would fail with a TVM InternalError: the inputs must be placeholders.
+        raise TypeError(f"{op}: {name} must be a tensor from tvm.placeholder, got the output of "
+                        f"{type(tensor.op).__name__} {tensor.op.name!r}")
     shape = []
     for extent in tensor.shape:
         if not isinstance(extent, tirx.IntImm):
@@ -105,6 +110,9 @@ def conv3d_backprop_filter(x: te.Tensor, out_backprop: te.Tensor, filter_size: A
     op = params.FILTER_OP
     x_shape, x_dtype = _static_shape(op, "x", x)
     dy_shape, dy_dtype = _static_shape(op, "out_backprop", out_backprop)
+    if x.same_as(out_backprop):
+        raise ValueError(f"{op}: x and out_backprop must be two different placeholders, got "
+                         f"{x.op.name!r} for both")
     p = params.backprop_filter_params(x_shape, x_dtype, dy_shape, dy_dtype, filter_size,
                                       para_dict)
     args = {"x_shape": x_shape, "x_dtype": x_dtype, "dy_shape": dy_shape, "dy_dtype": dy_dtype,
@@ -181,7 +189,10 @@ def auto_schedule(res: te.Tensor, target: Any = None) -> Schedule:
     op, res, inputs = _op_of(res)
     spec = _OPS[op]
     p = spec.validate(**json.loads(str(res.op.attrs[_ATTR_ARGS])))
-    tgt = resolve_target(target)
+    try:
+        tgt = resolve_target(target)
+    except (TypeError, ValueError) as e:  # also TVM's own errors for a bad target dict
+        raise type(e)(f"auto_schedule: {e}") from None
     func = _prim_func([*inputs, res], p.kernel_name)
     sch = s_tir.Schedule(IRModule({"main": func}))
     sch = schedules.apply_schedule(sch, op, p, tgt)
@@ -259,6 +270,9 @@ def build(sch: Schedule, config: Mapping[str, Any]) -> Kernel:
         if key not in config:
             raise ValueError(f"build: config is missing the required key {key!r}")
     name = params.check_kernel_name("build", config["name"])
+    output_dir = config.get("output_dir", DEFAULT_OUTPUT_DIR)
+    if not isinstance(output_dir, (str, os.PathLike)):
+        raise TypeError(f"build: output_dir must be a str or os.PathLike, got {output_dir!r}")
     tensor_list = _check_tensor_list(sch, config["tensor_list"])
     ordered = _ordered_schedule(sch, tensor_list)
     mod = IRModule({"main": ordered.mod["main"].with_attr("global_symbol", name)})
@@ -270,5 +284,5 @@ def build(sch: Schedule, config: Mapping[str, Any]) -> Kernel:
                         _layout_of(t, sch.inputs, spec)) for t in tensor_list]
     para = dict(sch.params.para_dict)
     para["group_dict"] = sch.params.geometry.group.as_group_dict()
-    return export_kernel(executable, config.get("output_dir", DEFAULT_OUTPUT_DIR), name, sch.op,
-                         sch.target, specs[:-1], specs[-1:], _normalized(para))
+    return export_kernel(executable, output_dir, name, sch.op, sch.target, specs[:-1],
+                         specs[-1:], _normalized(para))

@@ -1,14 +1,18 @@
 """LLVM CPU schedule for the weight gradient (``dw_mad`` and its layout stages).
 
-The reduction is a GEMM with a tiny output (Cout x kd*Cin*kh*kw) and a huge K (N*Do*Ho*Wo). The
-register tile holds ``co_tile`` output channels x ``kw_tile`` kernel columns x the C0 input
-channels (one or two vector registers): per output position it loads ``kw_tile`` C0-vectors of the
-padded feature map, broadcasts ``co_tile`` dy values and issues ``co_tile * kw_tile * C0/lanes``
-FMAs. Parallelism is over output tiles (no cross-thread reduction); the padded feature map is
-materialized once so the inner loop has no bounds checks.
+The reduction is a GEMM with a small output (Cout x kd*Cin*kh*kw) and a huge K (N*Do*Ho*Wo), so
+the loop order keeps the output resident and streams the inputs once:
 
-The knobs are sampled with ``sample_categorical`` so that the same template is the untuned default
-(the decision with the highest probability... see ``default_knobs``) and a MetaSchedule space.
+    parallel over (merged group, co_par chunks of output channels)      no cross-thread reduction
+      for n, do, ho                                                     reduction, outside
+        for kd, ci1, kh, co_mid, kw_o                                   output tiles (L1/L2)
+          for wo                                                        reduction, inside
+            register tile: kw_tile x co_tile x C0 (vectorized)          FMA on the C0 lanes
+
+Per output position the tile loads ``kw_tile`` C0-vectors of the padded feature map, broadcasts
+``co_tile`` dy values and issues ``co_tile * kw_tile * C0/lanes`` FMAs; LLVM keeps the tile in
+registers across the ``wo`` loop. The padded feature map is materialized once (no bounds checks in
+the inner loop); the column and dy matrices are inlined (pure re-indexing).
 """
 
 from __future__ import annotations
@@ -19,50 +23,49 @@ from tbe_like import stages
 from tbe_like.params import FILTER_OP, BackpropFilterParams
 from tbe_like.target import vector_lanes
 
-from ..common import divisors, fuse_parallel_vectorize
+from ..common import divisors, fuse_parallel_vectorize, num_threads
 from ..registry import register
 
-# Vector registers an x86 core has for accumulators, leaving room for loads and broadcasts.
-ACC_REGS = {16: 28, 8: 12, 4: 12}
+# Vector registers an x86 core can give to accumulators, leaving room for loads and broadcasts:
+# 32 zmm registers with AVX-512 (16 fp32 lanes), 16 ymm/xmm registers otherwise.
+ACC_REGS = {16: 24, 8: 12, 4: 12}
+# Parallel chunks per thread: 2 iterations on 2 threads ran at one thread's speed here.
+CHUNKS_PER_THREAD = 2
 
 
 @dataclass(frozen=True)
 class Knobs:
-    co_tile: int  # output channels per register tile (a divisor of cout_g)
+    co_par: int  # parallel chunks of the cout_g output channels of a merged group
+    co_tile: int  # output channels per register tile
     kw_tile: int  # kernel columns per register tile (a divisor of kw)
 
 
-def default_knobs(p: BackpropFilterParams, lanes: int) -> Knobs:
-    """The largest register tile that fits, preferring whole kernel rows, then channels."""
-    geo = p.geometry
-    c0_vectors = max(1, geo.c0 // lanes)
-    budget = ACC_REGS.get(lanes, 12) // c0_vectors
-    best = Knobs(1, 1)
-    for kw_tile in divisors(geo.kernel[2]):
-        for co_tile in divisors(geo.group.cout_g):
-            if co_tile * kw_tile <= budget and co_tile <= 8:
-                best = max(best, Knobs(co_tile, kw_tile),
-                           key=lambda k: (k.co_tile * k.kw_tile, k.co_tile))
-    return best
+def default_knobs(p: BackpropFilterParams, lanes: int, threads: int) -> Knobs:
+    """The largest register tile that fits, then enough parallel chunks for every thread."""
+    geo, g = p.geometry, p.geometry.group
+    budget = ACC_REGS.get(lanes, 12) // max(1, geo.c0 // lanes)
+    tiles = [(co, kw) for kw in divisors(geo.kernel[2]) for co in divisors(g.cout_g)
+             if co * kw <= budget and co <= 8]
+    co_tile, kw_tile = max(tiles, key=lambda t: (t[0] * t[1], t[0]))
+    chunks = [c for c in divisors(g.cout_g // co_tile)]
+    want = -(-CHUNKS_PER_THREAD * threads // g.real_g)
+    co_par = next((c for c in chunks if c >= want), chunks[-1])
+    return Knobs(co_par, co_tile, kw_tile)
 
 
 @register(FILTER_OP, "llvm")
 def schedule(sch, p: BackpropFilterParams, target, knobs: Knobs | None = None):
-    lanes = vector_lanes(target)
-    knobs = knobs or default_knobs(p, lanes)
+    knobs = knobs or default_knobs(p, vector_lanes(target), num_threads(target))
     sch.compute_inline(sch.get_sblock(stages.DW_FMAP_COL))
     sch.compute_inline(sch.get_sblock(stages.DW_DY_MATRIX))
     fuse_parallel_vectorize(sch, stages.DW_FMAP_PAD, n_parallel=2)
 
     mad = sch.get_sblock(stages.DW_MAD)
     grp, kd, ci1, kh, kw, co, ci0, n, do, ho, wo = sch.get_loops(mad)
-    co_o, co_i = sch.split(co, [None, knobs.co_tile])
+    co_p, co_m, co_i = sch.split(co, [knobs.co_par, None, knobs.co_tile])
     kw_o, kw_i = sch.split(kw, [None, knobs.kw_tile])
-    sch.reorder(grp, kd, ci1, kh, kw_o, co_o, n, do, ho, wo, kw_i, co_i, ci0)
-    outer = sch.fuse(grp, kd, ci1, kh, kw_o, co_o)
-    sch.parallel(outer)
-    acc = sch.cache_write(mad, 0, "local")
-    sch.reverse_compute_at(acc, outer)
+    sch.reorder(grp, co_p, n, do, ho, kd, ci1, kh, co_m, kw_o, wo, kw_i, co_i, ci0)
+    sch.parallel(sch.fuse(grp, co_p))
     sch.vectorize(ci0)
     sch.unroll(co_i)
     sch.unroll(kw_i)
