@@ -8,8 +8,8 @@ names from here, so the next move touches one file.
 from __future__ import annotations
 
 import tvm
-from tvm import s_tir, te, tirx, topi
 from tvm import runtime as tvm_runtime
+from tvm import s_tir, te, tirx, topi
 from tvm.ir import IRModule
 from tvm.target import Target
 from tvm.target import codegen as target_codegen

@@ -192,7 +192,8 @@ def auto_schedule(res: te.Tensor, target: Any = None) -> Schedule:
     try:
         tgt = resolve_target(target)
     except (TypeError, ValueError) as e:  # also TVM's own errors for a bad target dict
-        raise type(e)(f"auto_schedule: {e}") from None
+        kind = TypeError if isinstance(e, TypeError) else ValueError
+        raise kind(f"auto_schedule: {e}") from None
     func = _prim_func([*inputs, res], p.kernel_name)
     sch = s_tir.Schedule(IRModule({"main": func}))
     sch = schedules.apply_schedule(sch, op, p, tgt)

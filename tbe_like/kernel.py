@@ -245,6 +245,10 @@ def _jsonable(value: Any) -> Any:
 # ----------------------------------------------------------------------------- loading
 
 
+# What Kernel and load_kernel read from a kernel's JSON.
+_METADATA_KEYS = ("kernel_name", "library", "sha256", "inputs", "outputs", "target_kind")
+
+
 def _metadata_path(path: str | os.PathLike) -> Path:
     p = Path(path)
     if p.suffix in (".so", ".json"):
@@ -275,6 +279,9 @@ def load_kernel(path: str | os.PathLike) -> Kernel:
         raise KernelLoadError(f"load_kernel: {json_path} is not valid JSON ({e})") from None
     if not isinstance(metadata, dict) or metadata.get("format") != METADATA_FORMAT:
         raise KernelLoadError(f"load_kernel: {json_path} is not a tbe_like kernel description")
+    missing_keys = [k for k in _METADATA_KEYS if k not in metadata]
+    if missing_keys:
+        raise KernelLoadError(f"load_kernel: {json_path} lacks the key(s) {missing_keys}")
     so_path = json_path.parent / metadata["library"]
     if not so_path.is_file():
         raise KernelLoadError(f"load_kernel: the library {so_path} is missing")
@@ -285,9 +292,34 @@ def load_kernel(path: str | os.PathLike) -> Kernel:
     if missing:
         raise KernelLoadError(f"load_kernel: {metadata['kernel_name']} was built for a CPU with "
                               f"{sorted(missing)}, which this CPU lacks; rebuild it here")
-    module = tvm_runtime.load_module(str(so_path))
+    module = _load_library(so_path, metadata["sha256"])
     func = module[metadata["kernel_name"]]
     return Kernel(func, metadata, so_path, module)
+
+
+# dlopen() hands back the library already loaded from the same path even after the file was
+# replaced, so a kernel rebuilt under the same name in this process would run the old code.
+_LOADED: dict[str, str] = {}  # resolved library path -> SHA-256 of the first library loaded
+
+
+def _load_library(so_path: Path, digest: str) -> Any:
+    """Load ``so_path``; through a private copy if this process loaded other bytes from it."""
+    if _LOADED.setdefault(str(so_path.resolve()), digest) == digest:
+        return tvm_runtime.load_module(str(so_path))
+    data = so_path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise KernelLoadError(f"load_kernel: {so_path} does not match its recorded SHA-256 "
+                              "(replaced while loading); rebuild the kernel")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=so_path.parent, prefix=f".{so_path.stem}.", suffix=".so")
+    except OSError:  # a read-only kernel folder
+        fd, tmp = tempfile.mkstemp(prefix=f".{so_path.stem}.", suffix=".so")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return tvm_runtime.load_module(tmp)
+    finally:
+        Path(tmp).unlink(missing_ok=True)  # the mapping outlives the name
 
 
 def _host_features() -> set[str]:

@@ -85,8 +85,9 @@ def spatial3(op: str, name: str, value: Any, full_axes: str, spatial_axes: str, 
     ``full_axes`` is the 5-letter order of the long form (e.g. ``"NDHWC"``); the entries of the
     non-spatial axes must be 1.
     """
-    hint = f"[{', '.join('s' + a.lower() for a in spatial_axes)}]"
-    long_hint = "[" + ", ".join("1" if a in "NC" else "s" + a.lower() for a in full_axes) + "]"
+    letter = name[0]  # [sd, sh, sw] for strides, [dd, dh, dw] for dilations
+    hint = f"[{', '.join(letter + a.lower() for a in spatial_axes)}]"
+    long_hint = "[" + ", ".join("1" if a in "NC" else letter + a.lower() for a in full_axes) + "]"
     items = check_int_list(op, name, value, (3, 5), f"{hint} or {long_hint}")
     if len(items) == 5:
         if any(items[full_axes.index(a)] != 1 for a in "NC"):

@@ -19,7 +19,7 @@ RTOL = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 
 @dataclass(frozen=True)
 class Case:
-    """One weight gradient. Channels in NCDHW terms; pads (front, back, top, bottom, left, right)."""
+    """One weight gradient: NCDHW channel counts; pads (front, back, top, bottom, left, right)."""
 
     n: int
     cin: int
@@ -47,7 +47,6 @@ class Case:
         return (self.n, d, c1, h, w, self.c0), (self.n, do, co1, ho, wo, self.c0)
 
     def para_dict(self):
-        kd, kh, kw = self.kernel
         pd = {"strides": list(self.strides), "pads": list(self.pads),
               "dilations": [1, self.dilations[0], 1, *self.dilations[1:]],
               "res_dtype": self.res_dtype}

@@ -93,7 +93,7 @@ def _mad(col: te.Tensor, dy_mat: te.Tensor, p: BackpropFilterParams) -> te.Tenso
 
 def _result(acc: te.Tensor, p: BackpropFilterParams, attrs: dict | None) -> te.Tensor:
     geo, g = p.geometry, p.geometry.group
-    kd, kh, kw = geo.kernel
+    _, kh, kw = geo.kernel
     c0, cin_pg, cout_pg = geo.c0, g.cin_per_group, g.cout_per_group
     zero = tirx.const(0, p.res_dtype)
 
