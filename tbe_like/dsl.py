@@ -164,8 +164,9 @@ def _op_of(res: Any) -> tuple[str, Any, tuple]:
         res = res[0]
     attrs = getattr(getattr(res, "op", None), "attrs", None)
     if not isinstance(res, te.Tensor) or attrs is None or _ATTR_OP not in attrs:
+        got = f"tensor {res.op.name!r}" if isinstance(res, te.Tensor) else type(res).__name__
         raise TypeError("auto_schedule: res must be the tensor returned by a tbe_like dsl "
-                        f"operator (e.g. dsl.conv3d_backprop_filter), got {type(res).__name__}")
+                        f"operator (e.g. dsl.conv3d_backprop_filter), got {got}")
     return str(attrs[_ATTR_OP]), res, tuple(attrs[_ATTR_INPUTS])
 
 
@@ -274,6 +275,8 @@ def build(sch: Schedule, config: Mapping[str, Any]) -> Kernel:
     output_dir = config.get("output_dir", DEFAULT_OUTPUT_DIR)
     if not isinstance(output_dir, (str, os.PathLike)):
         raise TypeError(f"build: output_dir must be a str or os.PathLike, got {output_dir!r}")
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise ValueError(f"build: output_dir {str(output_dir)!r} exists and is not a folder")
     tensor_list = _check_tensor_list(sch, config["tensor_list"])
     ordered = _ordered_schedule(sch, tensor_list)
     mod = IRModule({"main": ordered.mod["main"].with_attr("global_symbol", name)})
@@ -285,5 +288,6 @@ def build(sch: Schedule, config: Mapping[str, Any]) -> Kernel:
                         _layout_of(t, sch.inputs, spec)) for t in tensor_list]
     para = dict(sch.params.para_dict)
     para["group_dict"] = sch.params.geometry.group.as_group_dict()
+    para["kernel_name"] = name  # the name the kernel was built under (config wins, as in TBE)
     return export_kernel(executable, output_dir, name, sch.op, sch.target, specs[:-1],
                          specs[-1:], _normalized(para))

@@ -282,6 +282,10 @@ def load_kernel(path: str | os.PathLike) -> Kernel:
     missing_keys = [k for k in _METADATA_KEYS if k not in metadata]
     if missing_keys:
         raise KernelLoadError(f"load_kernel: {json_path} lacks the key(s) {missing_keys}")
+    if metadata["library"] != f"{metadata['kernel_name']}.so":
+        raise KernelLoadError(f"load_kernel: {json_path} names the library "
+                              f"{metadata['library']!r}, expected "
+                              f"'{metadata['kernel_name']}.so' beside it")
     so_path = json_path.parent / metadata["library"]
     if not so_path.is_file():
         raise KernelLoadError(f"load_kernel: the library {so_path} is missing")

@@ -193,12 +193,13 @@ def resolve_groups(op: str, group_dict: Any, cin_per_group: int, cout: int, cin1
         if given != expected:
             raise _fail(op, f"group_dict {given} is inconsistent with Cin={cin}, Cout={cout}, "
                         f"groups={groups}; expected {expected} (dsl.calculate_group)")
+    source = "filter_size" if group_dict is None else "filter_size and group_dict"
     if ceil_div(cin, c0) != cin1:
-        raise _fail(op, f"Cin={cin} needs C1={ceil_div(cin, c0)} blocks of C0={c0}, but the "
-                    f"feature map has C1={cin1}")
+        raise _fail(op, f"Cin={cin} (from {source}) needs C1={ceil_div(cin, c0)} blocks of "
+                    f"C0={c0}, but the feature map x has C1={cin1}")
     if ceil_div(cout, c0) != cout1:
-        raise _fail(op, f"Cout={cout} needs C1={ceil_div(cout, c0)} blocks of C0={c0}, but "
-                    f"out_backprop has C1={cout1}")
+        raise _fail(op, f"Cout={cout} (filter_size[0]) needs C1={ceil_div(cout, c0)} blocks of "
+                    f"C0={c0}, but out_backprop has C1={cout1}")
     return info
 
 

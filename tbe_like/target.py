@@ -9,6 +9,7 @@ one thread on a 2-core machine: ``ensure_threads`` sets ``TVM_NUM_THREADS`` befo
 from __future__ import annotations
 
 import functools
+import json
 import os
 from typing import Any
 
@@ -56,10 +57,13 @@ def resolve_target(target: Any = None) -> Target:
     ``"llvm"`` or an LLVM dict without ``mcpu`` is completed with the host CPU and core count.
     """
     if target is None:
-        current = Target.current(allow_none=True)
-        return current if current is not None else host_target()
+        target = Target.current(allow_none=True)
+        if target is None:
+            return host_target()
     if isinstance(target, Target):
-        return target
+        if str(target.kind.name) != "llvm" or "mcpu" in target.attrs:
+            return target
+        target = json.loads(str(target))  # an LLVM target without mcpu: complete it below
     if isinstance(target, str):
         if target not in ("llvm", "cuda"):
             raise ValueError(f"target must be 'llvm', 'cuda', a dict or a tvm Target, got "
