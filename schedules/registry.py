@@ -56,6 +56,6 @@ def apply_schedule(sch: Any, op: str, params: Any, target: Any, knobs: Any = Non
             return result
     fallback = _FALLBACKS.get(kind)
     if fallback is None:
-        raise ValueError(f"auto_schedule: no schedule for operator {op!r} on target kind {kind!r}; supported "
-                         f"kinds: {sorted(_FALLBACKS)}")
+        raise ValueError(f"auto_schedule: no schedule for operator {op!r} on target kind "
+                         f"{kind!r}; supported kinds: {sorted(_FALLBACKS)}")
     return fallback(sch, target)
