@@ -160,3 +160,21 @@ def test_seed000_full_size(filter_kernel):
         ref.conv3d_backprop_filter(x, dy, case.kernel, case.strides, case.pads, case.dilations)
     ).reshape(dw.shape)
     np.testing.assert_allclose(dw, expected, rtol=0, atol=2e-5 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("name", ["asym-pads", "dilation-232-s2", "groups-72-72-3", "bfloat16"])
+def test_matches_pytorch(filter_kernel, name):
+    """A second oracle where PyTorch is installed: aten.convolution_backward's grad_weight."""
+    torch = pytest.importorskip("torch")
+    case = CASES[name]
+    x, dy, dw = _run(filter_kernel, case, name)
+    f, b, t, bo, left, r = case.pads
+    xt = torch.nn.functional.pad(torch.from_numpy(x.astype(np.float64)), (left, r, t, bo, f, b))
+    dyt = torch.from_numpy(dy.astype(np.float64))
+    w = torch.zeros((case.cout, case.cin // case.groups, *case.kernel), dtype=torch.float64)
+    _, grad_w, _ = torch.ops.aten.convolution_backward(
+        dyt, xt, w, None, list(case.strides), [0, 0, 0], list(case.dilations), False,
+        [0, 0, 0], case.groups, [False, True, False])
+    expected = layout.to_fractal_z_3d(grad_w.numpy(), groups=case.groups).reshape(dw.shape)
+    np.testing.assert_allclose(dw.astype(np.float64), expected, rtol=0,
+                               atol=RTOL[case.res_dtype] * np.abs(expected).max())
