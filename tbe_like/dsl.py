@@ -32,6 +32,8 @@ __all__ = [
     "build",
     "calculate_group",
     "conv3d_backprop_filter",
+    "conv3d_backprop_input",
+    "conv3d_transpose",
 ]
 
 # Attribute keys under which an operator's result stage records how it was made.
@@ -51,6 +53,8 @@ class _OpSpec:
 _OPS: dict[str, _OpSpec] = {
     params.FILTER_OP: _OpSpec(params.backprop_filter_params,
                               (params.NDC1HWC0, params.NDC1HWC0), params.FRACTAL_Z_3D),
+    params.INPUT_OP: _OpSpec(params.backprop_input_params,
+                             (params.FRACTAL_Z_3D, params.NDC1HWC0, "ND"), params.NDC1HWC0),
 }
 
 
@@ -120,6 +124,81 @@ def conv3d_backprop_filter(x: te.Tensor, out_backprop: te.Tensor, filter_size: A
     attrs = {_ATTR_OP: op, _ATTR_ARGS: json.dumps(_normalized(args)),
              _ATTR_INPUTS: [x, out_backprop]}
     return compute.conv3d_backprop_filter(x, out_backprop, p, attrs=attrs)
+
+
+def _split_bias(op: str, para_dict: Any) -> tuple[Any, Any]:
+    """para_dict without ``tensor_bias``, and the bias placeholder (or None)."""
+    if not isinstance(para_dict, Mapping) or para_dict.get("tensor_bias") is None:
+        return para_dict, None
+    bias = para_dict["tensor_bias"]
+    _static_shape(op, "tensor_bias", bias)
+    return {k: v for k, v in para_dict.items() if k != "tensor_bias"}, bias
+
+
+def conv3d_backprop_input(filter: te.Tensor, out_backprop: te.Tensor, filter_size: Any,
+                          input_size: Any, para_dict: Mapping[str, Any]) -> te.Tensor:
+    """The input gradient of a 3D convolution, as TBE's ``dsl.conv3d_backprop_input``.
+
+    Parameters
+    ----------
+    filter : te.Tensor
+        The forward weight in FRACTAL_Z_3D with groups, ``(real_g*kd*cin1_g*kh*kw, cout_g/16,
+        16, C0)``; float16, bfloat16 or float32 (``tbe_like.layout.to_fractal_z_3d``).
+    out_backprop : te.Tensor
+        The gradient of the forward output, NDC1HWC0 ``(N, Do, Cout1, Ho, Wo, C0)``, same dtype.
+    filter_size : list of 5 ints
+        ``[Cout, Cin/groups, kd, kh, kw]`` (NCDHW order, unlike the filter operator's).
+    input_size : list of 5 ints
+        ``[N, D, H, W, Cin]`` (NDHWC): the forward input's shape.
+    para_dict : dict
+        ``strides`` ``[1, sd, sh, sw, 1]`` (or 3 entries) and ``pads`` ``[front, back, top,
+        bottom, left, right]`` (required); ``dilations`` ``[1, dd, dh, dw, 1]`` (or 3);
+        ``res_dtype`` (``"float16"`` default, float32, bfloat16); ``kernel_name``;
+        ``group_dict`` (``calculate_group``; default groups = 1); ``tensor_bias`` (a placeholder
+        ``(ceil(Cin/C0), C0)`` added to every position; it becomes the kernel's last input).
+
+    Returns
+    -------
+    te.Tensor
+        dX as ``(N, D, Cin1, H*W, C0)`` (the bytes of NDC1HWC0) in ``res_dtype``, accumulated
+        in float32, padded channels zero.
+    """
+    op = params.INPUT_OP
+    w_shape, w_dtype = _static_shape(op, "filter", filter)
+    dy_shape, dy_dtype = _static_shape(op, "out_backprop", out_backprop)
+    if filter.same_as(out_backprop):
+        raise ValueError(f"{op}: filter and out_backprop must be two different placeholders, "
+                         f"got {filter.op.name!r} for both")
+    pd, bias = _split_bias(op, para_dict)
+    bias_spec = None if bias is None else _static_shape(op, "tensor_bias", bias)
+    p = params.backprop_input_params(w_shape, w_dtype, dy_shape, dy_dtype, filter_size,
+                                     input_size, pd, bias_spec)
+    args = {"filter_shape": w_shape, "filter_dtype": w_dtype, "dy_shape": dy_shape,
+            "dy_dtype": dy_dtype, "filter_size": filter_size, "input_size": input_size,
+            "para_dict": pd, "bias": bias_spec}
+    inputs = [filter, out_backprop] + ([bias] if bias is not None else [])
+    attrs = {_ATTR_OP: op, _ATTR_ARGS: json.dumps(_normalized(args)), _ATTR_INPUTS: inputs}
+    return compute.conv3d_backprop_input(filter, out_backprop, p, bias=bias, attrs=attrs)
+
+
+def conv3d_transpose(x: te.Tensor, filter: te.Tensor, filter_size: Any,
+                     para_dict: Mapping[str, Any]) -> te.Tensor:
+    """A 3D transposed convolution (Conv3DTranspose): the input gradient's maths, run forward.
+
+    ``x`` plays out_backprop's role (NDC1HWC0, ``Cout`` channels of ``filter_size``); the output
+    has ``Cin`` channels and spatial extents ``(in - 1)*stride - front - back + dilation*(k - 1)
+    + output_padding + 1``. ``para_dict`` takes the keys of ``conv3d_backprop_input`` plus
+    ``output_padding`` (3 entries ``[od, oh, ow]`` or 5 ``[1, od, oh, ow, 1]``, each below the
+    stride; default 0). Returns ``(N, D, Cin1, H*W, C0)``.
+    """
+    op = "conv3d_transpose"
+    x_shape, _ = _static_shape(op, "x", x)
+    if not isinstance(para_dict, Mapping):
+        raise TypeError(f"{op}: para_dict must be a dict, got {type(para_dict).__name__}")
+    pd = dict(para_dict)
+    output_padding = pd.pop("output_padding", (0, 0, 0))
+    input_size = params.transpose_output_size(op, x_shape, filter_size, pd, output_padding)
+    return conv3d_backprop_input(filter, x, filter_size, input_size, pd)
 
 
 # ----------------------------------------------------------------------------- scheduling
@@ -237,7 +316,7 @@ def _check_tensor_list(sch: Schedule, tensor_list: Any) -> list:
 
 
 def _layout_of(tensor: te.Tensor, inputs: tuple, spec: _OpSpec) -> str:
-    for t, layout in zip(inputs, spec.input_layouts, strict=True):
+    for t, layout in zip(inputs, spec.input_layouts, strict=False):
         if t.same_as(tensor):
             return layout
     return spec.output_layout

@@ -164,7 +164,7 @@ def check_group_dict(op: str, value: Any) -> None:
 
 
 def resolve_groups(op: str, group_dict: Any, cin_per_group: int, cout: int, cin1: int,
-                   cout1: int, c0: int) -> GroupInfo:
+                   cout1: int, c0: int, cin1_from: str = "the feature map x") -> GroupInfo:
     """The GroupInfo of an operator: from ``group_dict`` when given, else for groups = 1.
 
     ``cin1``/``cout1`` are the C1 extents of the 6HD tensors; the channel counts implied by
@@ -196,7 +196,7 @@ def resolve_groups(op: str, group_dict: Any, cin_per_group: int, cout: int, cin1
     source = "filter_size" if group_dict is None else "filter_size and group_dict"
     if ceil_div(cin, c0) != cin1:
         raise _fail(op, f"Cin={cin} (from {source}) needs C1={ceil_div(cin, c0)} blocks of "
-                    f"C0={c0}, but the feature map x has C1={cin1}")
+                    f"C0={c0}, but {cin1_from} has C1={cin1}")
     if ceil_div(cout, c0) != cout1:
         raise _fail(op, f"Cout={cout} (filter_size[0]) needs C1={ceil_div(cout, c0)} blocks of "
                     f"C0={c0}, but out_backprop has C1={cout1}")
@@ -338,3 +338,148 @@ def backprop_filter_params(x_shape: Sequence[int], x_dtype: str, dy_shape: Seque
                             group, c0)
     return BackpropFilterParams(geometry, x_shape, dy_shape, x_dtype, res_dtype, kernel_name,
                                 dict(pd))
+
+
+@dataclass(frozen=True)
+class BackpropInputParams:
+    """Validated arguments of ``dsl.conv3d_backprop_input`` (and ``conv3d_transpose``)."""
+
+    geometry: ConvGeometry
+    filter_shape: tuple[int, ...]
+    dy_shape: tuple[int, ...]
+    input_size: tuple[int, ...]  # (N, D, H, W, Cin)
+    dtype: str
+    res_dtype: str
+    kernel_name: str
+    bias_shape: tuple[int, ...] | None
+    bias_dtype: str | None
+    para_dict: dict = field(compare=False, hash=False)
+
+    @property
+    def cin1(self) -> int:
+        return ceil_div(self.input_size[4], self.geometry.c0)
+
+    @property
+    def out_shape(self) -> tuple[int, int, int, int, int]:
+        n, d, h, w, _ = self.input_size
+        return (n, d, self.cin1, h * w, self.geometry.c0)
+
+
+INPUT_OP = "conv3d_backprop_input"
+INPUT_DEFAULTS = {
+    "dilations": (1, 1, 1, 1, 1),
+    "res_dtype": "float16",
+    "kernel_name": "conv3d_backprop_input_cce",
+    "group_dict": None,
+    "tensor_bias": None,
+}
+
+
+def fractal_z_3d_shape(g: GroupInfo, kernel: Sequence[int], c0: int) -> tuple[int, ...]:
+    kd, kh, kw = kernel
+    return (g.real_g * kd * g.cin1_g * kh * kw, g.cout_g // FRACTAL_N0, FRACTAL_N0, c0)
+
+
+def _check_filter_tensor(op: str, shape: Sequence[int], expected: tuple[int, ...],
+                         g: GroupInfo) -> None:
+    if len(shape) != 4:
+        raise _fail(op, f"filter must be a 4-D {FRACTAL_Z_3D} tensor (kd*C1*kh*kw, N1, 16, C0), "
+                    f"got shape {tuple(shape)}")
+    if tuple(shape) != expected:
+        raise _fail(op, f"filter shape {tuple(shape)} does not match filter_size and group_dict "
+                    f"(real_g={g.real_g}, cin1_g={g.cin1_g}, cout_g={g.cout_g}): expected "
+                    f"{FRACTAL_Z_3D} {expected}")
+
+
+def _check_bias(op: str, bias: Any, cin1: int, c0: int) -> tuple[tuple[int, ...], str] | None:
+    """``tensor_bias`` arrives as (shape, dtype) from the face, or None."""
+    if bias is None:
+        return None
+    shape, dtype = bias
+    check_dtype(op, "tensor_bias dtype", dtype, INPUT_DTYPES)
+    if tuple(shape) != (cin1, c0):
+        raise _fail(op, f"tensor_bias must have shape (ceil(Cin/C0), C0) = {(cin1, c0)}, got "
+                    f"{tuple(shape)}")
+    return tuple(shape), dtype
+
+
+def backprop_input_params(filter_shape: Sequence[int], filter_dtype: str,
+                          dy_shape: Sequence[int], dy_dtype: str, filter_size: Any,
+                          input_size: Any, para_dict: Any, bias: Any = None,
+                          op: str = INPUT_OP) -> BackpropInputParams:
+    """Validate the arguments of ``conv3d_backprop_input`` (SPEC.md) and derive its geometry.
+
+    ``bias`` is ``(shape, dtype)`` of ``para_dict["tensor_bias"]`` (the face extracts it).
+    """
+    pd = check_para_dict(op, para_dict, ("strides", "pads"), INPUT_DEFAULTS)
+    check_dtype(op, "filter dtype", filter_dtype, INPUT_DTYPES)
+    check_dtype(op, "out_backprop dtype", dy_dtype, INPUT_DTYPES)
+    if filter_dtype != dy_dtype:
+        raise _fail(op, f"filter and out_backprop must have the same dtype, got "
+                    f"{filter_dtype!r} and {dy_dtype!r}")
+    res_dtype = check_dtype(op, "res_dtype", pd["res_dtype"], RES_DTYPES)
+    dy_shape = check_6hd(op, "out_backprop", dy_shape, dy_dtype)
+    c0 = dy_shape[5]
+    size = check_int_list(op, "filter_size", filter_size, (5,), "[Cout, Cin/groups, kd, kh, kw]")
+    check_range(op, "filter_size", size, 1, 2**31 - 1)
+    cout, cin_g, kd, kh, kw = size
+    kernel = (kd, kh, kw)
+    check_range(op, "filter_size kernel extents (kd, kh, kw)", kernel, 1, KERNEL_MAX)
+    isize = check_int_list(op, "input_size", input_size, (5,), "[N, D, H, W, Cin]")
+    check_range(op, "input_size", isize, 1, 2**31 - 1)
+    if isize[0] != dy_shape[0]:
+        raise _fail(op, f"batch mismatch: input_size has N={isize[0]}, out_backprop has "
+                    f"N={dy_shape[0]}")
+    strides = spatial3(op, "strides", pd["strides"], "NDHWC", "DHW", 1, STRIDE_MAX)
+    pads = check_pads(op, pd["pads"])
+    dilations = spatial3(op, "dilations", pd["dilations"], "NDHWC", "DHW", 1, DILATION_MAX)
+    kernel_name = check_kernel_name(op, pd["kernel_name"])
+    cin1 = ceil_div(isize[4], c0)
+    group = resolve_groups(op, pd["group_dict"], cin_g, cout, cin1, dy_shape[2], c0,
+                           cin1_from=f"input_size Cin={isize[4]}")
+    if group.cin_ori != isize[4]:
+        raise _fail(op, f"input_size Cin={isize[4]} must equal groups * Cin/groups = "
+                    f"{group.cin_ori}")
+    _check_filter_tensor(op, filter_shape, fractal_z_3d_shape(group, kernel, c0), group)
+    in_sp, out_sp = tuple(isize[1:4]), (dy_shape[1], dy_shape[3], dy_shape[4])
+    check_geometry(op, in_sp, out_sp, kernel, strides, pads, dilations)
+    checked_bias = _check_bias(op, bias, cin1, c0)
+    geometry = ConvGeometry(isize[0], in_sp, out_sp, kernel, strides, pads, dilations, group,
+                            c0)
+    return BackpropInputParams(geometry, tuple(filter_shape), dy_shape, isize, dy_dtype,
+                               res_dtype, kernel_name, *(checked_bias or (None, None)),
+                               {k: v for k, v in pd.items() if k != "tensor_bias"})
+
+
+def transpose_output_size(op: str, x_shape: Sequence[int], filter_size: Any, para_dict: dict,
+                          output_padding: Any) -> list[int]:
+    """``input_size`` ``[N, D, H, W, Cin]`` of the transposed convolution ``conv3d_transpose``.
+
+    The remaining parameters are validated by ``backprop_input_params`` afterwards; only what the
+    output size needs is checked here.
+    """
+    size = check_int_list(op, "filter_size", filter_size, (5,), "[Cout, Cin/groups, kd, kh, kw]")
+    if len(x_shape) != 6:
+        raise _fail(op, f"x must be a 6-D {NDC1HWC0} tensor (N, D, C1, H, W, C0), got shape "
+                    f"{tuple(x_shape)}")
+    strides = spatial3(op, "strides", para_dict.get("strides", (1, 1, 1)), "NDHWC", "DHW", 1,
+                       STRIDE_MAX)
+    pads = check_pads(op, para_dict.get("pads", (0,) * 6))
+    dilations = spatial3(op, "dilations", para_dict.get("dilations", (1, 1, 1)), "NDHWC",
+                         "DHW", 1, DILATION_MAX)
+    out_pad = spatial3(op, "output_padding", output_padding, "NDHWC", "DHW", 0, STRIDE_MAX)
+    for axis in range(3):
+        if out_pad[axis] >= strides[axis]:
+            raise _fail(op, f"output_padding must be smaller than the stride on each axis, got "
+                        f"output_padding {list(out_pad)} with strides {list(strides)}")
+    in_sp = (x_shape[1], x_shape[3], x_shape[4])
+    out = [(i - 1) * s - pads[2 * a] - pads[2 * a + 1] + (k - 1) * d + 1 + op_
+           for a, (i, s, k, d, op_) in enumerate(zip(in_sp, strides, size[2:], dilations,
+                                                     out_pad, strict=True))]
+    if any(o < 1 for o in out):
+        raise _fail(op, f"the pads {list(pads)} leave no output (output spatial size {out})")
+    groups_cin = size[1]
+    group_dict = para_dict.get("group_dict")
+    if isinstance(group_dict, Mapping) and isinstance(group_dict.get("cin_ori"), Integral):
+        groups_cin = int(group_dict["cin_ori"])
+    return [x_shape[0], *out, groups_cin]

@@ -14,6 +14,13 @@ DW_DY_MATRIX = "dw_dy_matrix"  # dy in NDC1HWC0 re-indexed into a (group, m, cou
 DW_MAD = "dw_mad"  # the float32 reduction over n, do, ho, wo
 DW_RES = "dw_res"  # the result in FRACTAL_Z_3D, cross-group and padded cells zeroed
 
+# conv3d_backprop_input (input gradient, also conv3d_transpose)
+DX_DY_DILATE = "dx_dy_dilate"  # dy with stride - 1 zeros between neighbours
+DX_DY_PAD = "dx_dy_pad"  # the dilated dy padded (or cropped) for a plain correlation
+DX_FILTER_FLIP = "dx_filter_flip"  # the filter flipped in D/H/W with its channel axes swapped
+DX_MAD = "dx_mad"  # the float32 reduction over (co, kd, kh, kw)
+DX_RES = "dx_res"  # the result (N, D, Cin1, H*W, C0), bias added, padded channels zeroed
+
 TAG_PREFIX = "tbe_like."
 
 

@@ -1,3 +1,3 @@
 """LLVM (CPU) schedule rules."""
 
-from . import conv3d_backprop_filter  # noqa: F401  (registers the rule)
+from . import conv3d_backprop_filter, conv3d_backprop_input  # noqa: F401  (registers the rules)
