@@ -37,3 +37,32 @@ def filter_kernel(kernel_dir):
         return cache[key]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def input_kernel(kernel_dir):
+    """Build (once per session and argument set) a conv3d_backprop_input kernel.
+
+    ``bias_dtype`` adds a ``tensor_bias`` placeholder (the kernel's third input).
+    """
+    cache = {}
+
+    def get(w_shape, dy_shape, dtype, filter_size, input_size, para_dict, name,
+            bias_dtype=None):
+        key = (w_shape, dy_shape, dtype, tuple(filter_size), tuple(input_size),
+               repr(sorted(para_dict.items())), bias_dtype)
+        if key not in cache:
+            w = tvm.placeholder(w_shape, name="filter", dtype=dtype)
+            dy = tvm.placeholder(dy_shape, name="dy", dtype=dtype)
+            pd, tensors = dict(para_dict), [w, dy]
+            if bias_dtype is not None:
+                c1, c0 = -(-input_size[4] // dy_shape[5]), dy_shape[5]
+                pd["tensor_bias"] = tvm.placeholder((c1, c0), name="bias", dtype=bias_dtype)
+                tensors.append(pd["tensor_bias"])
+            res = dsl.conv3d_backprop_input(w, dy, filter_size, input_size, pd)
+            sch = dsl.auto_schedule(res)
+            cache[key] = dsl.build(sch, {"name": name, "tensor_list": [*tensors, res],
+                                         "output_dir": str(kernel_dir)})
+        return cache[key]
+
+    return get
