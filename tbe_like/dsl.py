@@ -163,7 +163,13 @@ def conv3d_backprop_input(filter: te.Tensor, out_backprop: te.Tensor, filter_siz
         dX as ``(N, D, Cin1, H*W, C0)`` (the bytes of NDC1HWC0) in ``res_dtype``, accumulated
         in float32, padded channels zero.
     """
-    op = params.INPUT_OP
+    return _backprop_input(params.INPUT_OP, filter, out_backprop, filter_size, input_size,
+                           para_dict)
+
+
+def _backprop_input(op: str, filter: te.Tensor, out_backprop: te.Tensor, filter_size: Any,
+                    input_size: Any, para_dict: Any) -> te.Tensor:
+    """``conv3d_backprop_input``, its errors named after ``op`` (the operator the user called)."""
     w_shape, w_dtype = _static_shape(op, "filter", filter)
     dy_shape, dy_dtype = _static_shape(op, "out_backprop", out_backprop)
     if filter.same_as(out_backprop):
@@ -172,12 +178,13 @@ def conv3d_backprop_input(filter: te.Tensor, out_backprop: te.Tensor, filter_siz
     pd, bias = _split_bias(op, para_dict)
     bias_spec = None if bias is None else _static_shape(op, "tensor_bias", bias)
     p = params.backprop_input_params(w_shape, w_dtype, dy_shape, dy_dtype, filter_size,
-                                     input_size, pd, bias_spec)
+                                     input_size, pd, bias_spec, op=op)
     args = {"filter_shape": w_shape, "filter_dtype": w_dtype, "dy_shape": dy_shape,
             "dy_dtype": dy_dtype, "filter_size": filter_size, "input_size": input_size,
             "para_dict": pd, "bias": bias_spec}
     inputs = [filter, out_backprop] + ([bias] if bias is not None else [])
-    attrs = {_ATTR_OP: op, _ATTR_ARGS: json.dumps(_normalized(args)), _ATTR_INPUTS: inputs}
+    attrs = {_ATTR_OP: params.INPUT_OP, _ATTR_ARGS: json.dumps(_normalized(args)),
+             _ATTR_INPUTS: inputs}
     return compute.conv3d_backprop_input(filter, out_backprop, p, bias=bias, attrs=attrs)
 
 
@@ -188,17 +195,21 @@ def conv3d_transpose(x: te.Tensor, filter: te.Tensor, filter_size: Any,
     ``x`` plays out_backprop's role (NDC1HWC0, ``Cout`` channels of ``filter_size``); the output
     has ``Cin`` channels and spatial extents ``(in - 1)*stride - front - back + dilation*(k - 1)
     + output_padding + 1``. ``para_dict`` takes the keys of ``conv3d_backprop_input`` plus
-    ``output_padding`` (3 entries ``[od, oh, ow]`` or 5 ``[1, od, oh, ow, 1]``, each below the
-    stride; default 0). Returns ``(N, D, Cin1, H*W, C0)``.
+    ``output_padding`` (3 entries ``[od, oh, ow]`` or 5 ``[0, od, oh, ow, 0]`` as TBE's
+    ``conv3d_transpose_d``, each below the stride; default 0). Returns ``(N, D, Cin1, H*W, C0)``.
     """
-    op = "conv3d_transpose"
+    op = params.TRANSPOSE_OP
     x_shape, _ = _static_shape(op, "x", x)
-    if not isinstance(para_dict, Mapping):
-        raise TypeError(f"{op}: para_dict must be a dict, got {type(para_dict).__name__}")
+    _static_shape(op, "filter", filter)
+    if x.same_as(filter):
+        raise ValueError(f"{op}: x and filter must be two different placeholders, got "
+                         f"{x.op.name!r} for both")
+    # The keys are checked here: the valid ones include output_padding.
+    params.check_para_dict(op, para_dict, ("strides", "pads"), params.TRANSPOSE_DEFAULTS)
     pd = dict(para_dict)
     output_padding = pd.pop("output_padding", (0, 0, 0))
     input_size = params.transpose_output_size(op, x_shape, filter_size, pd, output_padding)
-    return conv3d_backprop_input(filter, x, filter_size, input_size, pd)
+    return _backprop_input(op, filter, x, filter_size, input_size, pd)
 
 
 # ----------------------------------------------------------------------------- scheduling

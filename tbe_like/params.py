@@ -79,19 +79,21 @@ def check_range(op: str, name: str, values: Sequence[int], lo: int, hi: int) -> 
 
 
 def spatial3(op: str, name: str, value: Any, full_axes: str, spatial_axes: str, lo: int,
-             hi: int) -> tuple[int, int, int]:
+             hi: int, other: int = 1) -> tuple[int, int, int]:
     """Read a D/H/W triple given as 3 entries or as 5 in the ``full_axes`` order.
 
     ``full_axes`` is the 5-letter order of the long form (e.g. ``"NDHWC"``); the entries of the
-    non-spatial axes must be 1.
+    non-spatial axes must be ``other`` (1 for strides and dilations, 0 for output_padding).
     """
     letter = name[0]  # [sd, sh, sw] for strides, [dd, dh, dw] for dilations
     hint = f"[{', '.join(letter + a.lower() for a in spatial_axes)}]"
-    long_hint = "[" + ", ".join("1" if a in "NC" else letter + a.lower() for a in full_axes) + "]"
+    long_hint = "[" + ", ".join(str(other) if a in "NC" else letter + a.lower()
+                                for a in full_axes) + "]"
     items = check_int_list(op, name, value, (3, 5), f"{hint} or {long_hint}")
     if len(items) == 5:
-        if any(items[full_axes.index(a)] != 1 for a in "NC"):
-            raise _fail(op, f"{name} must be 1 on the N and C axes {long_hint}, got {list(items)}")
+        if any(items[full_axes.index(a)] != other for a in "NC"):
+            raise _fail(op, f"{name} must be {other} on the N and C axes {long_hint}, got "
+                        f"{list(items)}")
         items = tuple(items[full_axes.index(a)] for a in spatial_axes)
     check_range(op, name, items, lo, hi)
     return items  # type: ignore[return-value]
@@ -373,6 +375,8 @@ INPUT_DEFAULTS = {
     "group_dict": None,
     "tensor_bias": None,
 }
+TRANSPOSE_OP = "conv3d_transpose"
+TRANSPOSE_DEFAULTS = {**INPUT_DEFAULTS, "output_padding": (0, 0, 0, 0, 0)}
 
 
 def fractal_z_3d_shape(g: GroupInfo, kernel: Sequence[int], c0: int) -> tuple[int, ...]:
@@ -459,15 +463,20 @@ def transpose_output_size(op: str, x_shape: Sequence[int], filter_size: Any, par
     output size needs is checked here.
     """
     size = check_int_list(op, "filter_size", filter_size, (5,), "[Cout, Cin/groups, kd, kh, kw]")
+    check_range(op, "filter_size", size, 1, 2**31 - 1)
     if len(x_shape) != 6:
         raise _fail(op, f"x must be a 6-D {NDC1HWC0} tensor (N, D, C1, H, W, C0), got shape "
                     f"{tuple(x_shape)}")
+    if any(s < 1 for s in x_shape):
+        raise _fail(op, f"x shape must be positive, got {tuple(x_shape)}")
     strides = spatial3(op, "strides", para_dict.get("strides", (1, 1, 1)), "NDHWC", "DHW", 1,
                        STRIDE_MAX)
     pads = check_pads(op, para_dict.get("pads", (0,) * 6))
     dilations = spatial3(op, "dilations", para_dict.get("dilations", (1, 1, 1)), "NDHWC",
                          "DHW", 1, DILATION_MAX)
-    out_pad = spatial3(op, "output_padding", output_padding, "NDHWC", "DHW", 0, STRIDE_MAX)
+    # TBE's Conv3DTranspose takes output_padding as 5 entries in NDHWC, default [0, 0, 0, 0, 0].
+    out_pad = spatial3(op, "output_padding", output_padding, "NDHWC", "DHW", 0, STRIDE_MAX,
+                       other=0)
     for axis in range(3):
         if out_pad[axis] >= strides[axis]:
             raise _fail(op, f"output_padding must be smaller than the stride on each axis, got "

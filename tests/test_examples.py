@@ -1,0 +1,22 @@
+"""The examples run end to end (build into kernel_meta/, run, check) in a fresh process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+@pytest.mark.parametrize("script", ["conv3d_backprop_filter.py", "conv3d_backprop_input.py"])
+def test_example_runs_and_checks(tmp_path, script):
+    done = subprocess.run([sys.executable, str(EXAMPLES / script)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip().endswith("OK")
+    assert "max abs error" in done.stdout and "kernel time" in done.stdout
+    built = sorted(p.suffix for p in (tmp_path / "kernel_meta").iterdir())
+    assert built == [".json", ".so"]
