@@ -40,7 +40,6 @@ __all__ = [
 _ATTR_OP = "tbe_like.op"
 _ATTR_ARGS = "tbe_like.args"
 _ATTR_INPUTS = "tbe_like.inputs"
-_ATTR_LAYOUTS = "tbe_like.layouts"
 
 
 @dataclass(frozen=True)

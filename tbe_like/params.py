@@ -137,6 +137,30 @@ def check_para_dict(op: str, para_dict: Any, required: Sequence[str],
     return {**defaults, **para_dict}
 
 
+
+def check_operand_dtypes(op: str, a_name: str, a_dtype: Any, b_name: str, b_dtype: Any,
+                         res_dtype: Any) -> str:
+    """Two inputs of one supported dtype, and a supported ``res_dtype`` (returned)."""
+    check_dtype(op, f"{a_name} dtype", a_dtype, INPUT_DTYPES)
+    check_dtype(op, f"{b_name} dtype", b_dtype, INPUT_DTYPES)
+    if a_dtype != b_dtype:
+        raise _fail(op, f"{a_name} and {b_name} must have the same dtype, got {a_dtype!r} and "
+                    f"{b_dtype!r}")
+    return check_dtype(op, "res_dtype", res_dtype, RES_DTYPES)
+
+
+def check_filter_size(op: str, filter_size: Any, order: str) -> dict[str, int]:
+    """``filter_size`` with 5 positive entries named by ``order`` (e.g. ``"Cout kd Cin/groups kh
+    kw"``); the kernel extents are at most ``KERNEL_MAX``. Returns the entries by name."""
+    names = order.split()
+    size = check_int_list(op, "filter_size", filter_size, (5,), f"[{', '.join(names)}]")
+    check_range(op, "filter_size", size, 1, 2**31 - 1)
+    entries = dict(zip(names, size, strict=True))
+    check_range(op, "filter_size kernel extents (kd, kh, kw)",
+                [entries[k] for k in ("kd", "kh", "kw")], 1, KERNEL_MAX)
+    return entries
+
+
 def check_6hd(op: str, name: str, shape: Sequence[int], dtype: str) -> tuple[int, ...]:
     """A NDC1HWC0 shape: rank 6, positive extents, a C0 allowed for the dtype."""
     if len(shape) != 6:
@@ -309,12 +333,7 @@ def backprop_filter_params(x_shape: Sequence[int], x_dtype: str, dy_shape: Seque
     """Validate the arguments of ``conv3d_backprop_filter`` (SPEC.md) and derive its geometry."""
     op = FILTER_OP
     pd = check_para_dict(op, para_dict, ("strides", "pads"), FILTER_DEFAULTS)
-    check_dtype(op, "x dtype", x_dtype, INPUT_DTYPES)
-    check_dtype(op, "out_backprop dtype", dy_dtype, INPUT_DTYPES)
-    if x_dtype != dy_dtype:
-        raise _fail(op, f"x and out_backprop must have the same dtype, got {x_dtype!r} and "
-                    f"{dy_dtype!r}")
-    res_dtype = check_dtype(op, "res_dtype", pd["res_dtype"], RES_DTYPES)
+    res_dtype = check_operand_dtypes(op, "x", x_dtype, "out_backprop", dy_dtype, pd["res_dtype"])
     x_shape = check_6hd(op, "x", x_shape, x_dtype)
     dy_shape = check_6hd(op, "out_backprop", dy_shape, dy_dtype)
     if x_shape[5] != dy_shape[5]:
@@ -322,11 +341,9 @@ def backprop_filter_params(x_shape: Sequence[int], x_dtype: str, dy_shape: Seque
     if x_shape[0] != dy_shape[0]:
         raise _fail(op, f"batch mismatch: x has N={x_shape[0]}, out_backprop has "
                     f"N={dy_shape[0]}")
-    size = check_int_list(op, "filter_size", filter_size, (5,), "[Cout, kd, Cin/groups, kh, kw]")
-    check_range(op, "filter_size", size, 1, 2**31 - 1)
-    cout, kd, cin_g, kh, kw = size
-    kernel = (kd, kh, kw)
-    check_range(op, "filter_size kernel extents (kd, kh, kw)", kernel, 1, KERNEL_MAX)
+    size = check_filter_size(op, filter_size, "Cout kd Cin/groups kh kw")
+    cout, cin_g = size["Cout"], size["Cin/groups"]
+    kernel = (size["kd"], size["kh"], size["kw"])
     strides = spatial3(op, "strides", pd["strides"], "NDHWC", "DHW", 1, STRIDE_MAX)
     pads = check_pads(op, pd["pads"])
     dilations = spatial3(op, "dilations", pd["dilations"], "NDCHW", "DHW", 1, DILATION_MAX)
@@ -368,6 +385,7 @@ class BackpropInputParams:
 
 
 INPUT_OP = "conv3d_backprop_input"
+INPUT_FILTER_ORDER = "Cout Cin/groups kd kh kw"  # NCDHW, unlike the filter operator's order
 INPUT_DEFAULTS = {
     "dilations": (1, 1, 1, 1, 1),
     "res_dtype": "float16",
@@ -416,19 +434,13 @@ def backprop_input_params(filter_shape: Sequence[int], filter_dtype: str,
     ``bias`` is ``(shape, dtype)`` of ``para_dict["tensor_bias"]`` (the face extracts it).
     """
     pd = check_para_dict(op, para_dict, ("strides", "pads"), INPUT_DEFAULTS)
-    check_dtype(op, "filter dtype", filter_dtype, INPUT_DTYPES)
-    check_dtype(op, "out_backprop dtype", dy_dtype, INPUT_DTYPES)
-    if filter_dtype != dy_dtype:
-        raise _fail(op, f"filter and out_backprop must have the same dtype, got "
-                    f"{filter_dtype!r} and {dy_dtype!r}")
-    res_dtype = check_dtype(op, "res_dtype", pd["res_dtype"], RES_DTYPES)
+    res_dtype = check_operand_dtypes(op, "filter", filter_dtype, "out_backprop", dy_dtype,
+                                     pd["res_dtype"])
     dy_shape = check_6hd(op, "out_backprop", dy_shape, dy_dtype)
     c0 = dy_shape[5]
-    size = check_int_list(op, "filter_size", filter_size, (5,), "[Cout, Cin/groups, kd, kh, kw]")
-    check_range(op, "filter_size", size, 1, 2**31 - 1)
-    cout, cin_g, kd, kh, kw = size
-    kernel = (kd, kh, kw)
-    check_range(op, "filter_size kernel extents (kd, kh, kw)", kernel, 1, KERNEL_MAX)
+    size = check_filter_size(op, filter_size, INPUT_FILTER_ORDER)
+    cout, cin_g = size["Cout"], size["Cin/groups"]
+    kernel = (size["kd"], size["kh"], size["kw"])
     isize = check_int_list(op, "input_size", input_size, (5,), "[N, D, H, W, Cin]")
     check_range(op, "input_size", isize, 1, 2**31 - 1)
     if isize[0] != dy_shape[0]:
@@ -462,8 +474,8 @@ def transpose_output_size(op: str, x_shape: Sequence[int], filter_size: Any, par
     The remaining parameters are validated by ``backprop_input_params`` afterwards; only what the
     output size needs is checked here.
     """
-    size = check_int_list(op, "filter_size", filter_size, (5,), "[Cout, Cin/groups, kd, kh, kw]")
-    check_range(op, "filter_size", size, 1, 2**31 - 1)
+    size = check_filter_size(op, filter_size, INPUT_FILTER_ORDER)
+    kernel = (size["kd"], size["kh"], size["kw"])
     if len(x_shape) != 6:
         raise _fail(op, f"x must be a 6-D {NDC1HWC0} tensor (N, D, C1, H, W, C0), got shape "
                     f"{tuple(x_shape)}")
@@ -483,11 +495,11 @@ def transpose_output_size(op: str, x_shape: Sequence[int], filter_size: Any, par
                         f"output_padding {list(out_pad)} with strides {list(strides)}")
     in_sp = (x_shape[1], x_shape[3], x_shape[4])
     out = [(i - 1) * s - pads[2 * a] - pads[2 * a + 1] + (k - 1) * d + 1 + op_
-           for a, (i, s, k, d, op_) in enumerate(zip(in_sp, strides, size[2:], dilations,
+           for a, (i, s, k, d, op_) in enumerate(zip(in_sp, strides, kernel, dilations,
                                                      out_pad, strict=True))]
     if any(o < 1 for o in out):
         raise _fail(op, f"the pads {list(pads)} leave no output (output spatial size {out})")
-    groups_cin = size[1]
+    groups_cin = size["Cin/groups"]
     group_dict = para_dict.get("group_dict")
     if isinstance(group_dict, Mapping) and isinstance(group_dict.get("cin_ori"), Integral):
         groups_cin = int(group_dict["cin_ori"])
