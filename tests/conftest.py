@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+
+import numpy as np
 import pytest
 
 from tbe_like import dsl, tvm
@@ -12,6 +15,30 @@ try:
     BFLOAT16 = ml_dtypes.bfloat16
 except ImportError:  # pragma: no cover - ml_dtypes is a dependency
     BFLOAT16 = None
+
+NP_DTYPES = {"float16": np.float16, "float32": np.float32, "bfloat16": BFLOAT16}
+# Relative tolerances (to the largest magnitude of the expected result) by output dtype: the
+# reference sees the same rounded inputs and accumulation is float32, so the output rounding
+# dominates.
+RTOL = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+
+# kernel_name values that must be refused: none of them may write outside the output folder.
+BAD_NAMES = {
+    "parent-dir": "../evil",
+    "slash": "a/b",
+    "absolute": "/tmp/evil",
+    "leading-digit": "1abc",
+    "empty": "",
+    "too-long": "x" * 201,
+    "dot-so": "name.so",
+    "space": "a b",
+}
+NAME_RULE = "must be an identifier"
+
+
+def msg(op: str, *parts: str) -> str:
+    """A ``match`` regex: the message starts with ``op: `` and holds every part, in order."""
+    return "^" + re.escape(f"{op}: ") + "".join(".*" + re.escape(p) for p in parts)
 
 
 @pytest.fixture(scope="session")

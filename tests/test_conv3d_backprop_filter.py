@@ -6,15 +6,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
-from conftest import BFLOAT16
+from conftest import NP_DTYPES, RTOL
 
 from tbe_like import dsl, layout
 from tbe_like.testing import reference as ref
-
-NP_DTYPES = {"float16": np.float16, "float32": np.float32, "bfloat16": BFLOAT16}
-# Relative tolerances (to max |dW|) by output dtype; inputs are exact in the reference (it is
-# fed the same rounded values) and accumulation is float32, so only the output rounding remains.
-RTOL = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 
 
 @dataclass(frozen=True)

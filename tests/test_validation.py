@@ -8,10 +8,9 @@ must be raised before any tensor expression is built or any file is written.
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pytest
+from conftest import BAD_NAMES, NAME_RULE, msg
 
 from tbe_like import dsl, tvm
 from tbe_like._tvm import te
@@ -28,10 +27,6 @@ GROUP_DICT = {"real_g": 1, "mag_factor": 1, "cin1_g": 1, "cout_g": 16, "cin_ori"
               "cout_ori": 16}
 VALID_KEYS = "['strides', 'pads', 'dilations', 'res_dtype', 'kernel_name', 'group_dict']"
 
-
-def msg(op: str, *parts: str) -> str:
-    """A ``match`` regex: the message starts with ``op: `` and holds every part, in order."""
-    return "^" + re.escape(f"{op}: ") + "".join(".*" + re.escape(p) for p in parts)
 
 
 def para(**changes):
@@ -263,19 +258,6 @@ def test_para_dict_rules(no_compute, case):
     x, dy = placeholders()
     with pytest.raises(error, match=match):
         dsl.conv3d_backprop_filter(x, dy, FILTER_SIZE, para_dict)
-
-
-BAD_NAMES = {
-    "parent-dir": "../evil",
-    "slash": "a/b",
-    "absolute": "/tmp/evil",
-    "leading-digit": "1abc",
-    "empty": "",
-    "too-long": "x" * 201,
-    "dot-so": "name.so",
-    "space": "a b",
-}
-NAME_RULE = "must be an identifier"
 
 
 @pytest.mark.parametrize("case", list(BAD_NAMES))

@@ -8,10 +8,9 @@ must be raised before any tensor expression is built or any file is written.
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pytest
+from conftest import BAD_NAMES, NAME_RULE, msg
 
 from tbe_like import dsl, layout, tvm
 from tbe_like._tvm import te
@@ -38,10 +37,6 @@ VALID_KEYS = ("['strides', 'pads', 'dilations', 'res_dtype', 'kernel_name', 'gro
 # conv3d_transpose: x (the dy role) has D=5, so the output has D = (5 - 1) + 2 = 6.
 X_SHAPE = (2, 5, 1, 8, 8, 16)
 
-
-def msg(op: str, *parts: str) -> str:
-    """A ``match`` regex: the message starts with ``op: `` and holds every part, in order."""
-    return "^" + re.escape(f"{op}: ") + "".join(".*" + re.escape(p) for p in parts)
 
 
 def para(**changes):
@@ -442,19 +437,6 @@ def test_grouped_rules(no_compute, case):
     w, dy = placeholders(dy_shape=dy_shape)
     with pytest.raises(error, match=match):
         dsl.conv3d_backprop_input(w, dy, filter_size, input_size, para(group_dict=group_dict))
-
-
-BAD_NAMES = {
-    "parent-dir": "../evil",
-    "slash": "a/b",
-    "absolute": "/tmp/evil",
-    "leading-digit": "1abc",
-    "empty": "",
-    "too-long": "x" * 201,
-    "dot-so": "name.so",
-    "space": "a b",
-}
-NAME_RULE = "must be an identifier"
 
 
 @pytest.mark.parametrize("case", list(BAD_NAMES))
