@@ -27,3 +27,9 @@ def num_threads(target) -> int:
     """The cores a target was made for (``num-cores``), else 1."""
     cores = target.attrs.get("num-cores") if hasattr(target, "attrs") else None
     return int(cores) if cores else 1
+
+
+def block_names(sch) -> list[str]:
+    """The names of the blocks under the root block, in program order."""
+    root = sch.get_sblock("root")
+    return [sch.get(block).name_hint for block in sch.get_child_blocks(root)]

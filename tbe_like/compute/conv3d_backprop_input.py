@@ -1,10 +1,12 @@
 """The input gradient of a 3D convolution (= a transposed convolution) on 6HD tensors.
 
-The rewrite is the one of TVM topi's ``conv3d_transpose``: dy is dilated by the stride, padded by
-``dilated kernel - 1 - pad`` on the leading side (a negative amount crops), and convolved with the
-kernel flipped in D/H/W and with its channel axes swapped. Stages (names in ``tbe_like.stages``):
+Two forms of the same rewrite, with named stages (``tbe_like.stages``) that schedules address:
 
-1. ``dx_dy_dilate``   dy with ``stride - 1`` zeros between neighbours (never worth materializing);
+**Dense form** (``stride_phases=False``), the one of TVM topi's ``conv3d_transpose``: dy is dilated
+by the stride, padded by ``dilated kernel - 1 - pad`` on the leading side (a negative amount crops)
+and correlated with the kernel flipped in D/H/W and with its channel axes swapped:
+
+1. ``dx_dy_dilate``   dy with ``stride - 1`` zeros between neighbours;
 2. ``dx_dy_pad``      the dilated dy padded so that a plain correlation yields every input row,
    with channel blocks extended to ``real_g * cout_g`` (zero beyond Cout);
 3. ``dx_filter_flip`` the FRACTAL_Z_3D filter as ``(G, kd, kh, kw, cout_g, cin1_g*C0)``: flipped,
@@ -13,9 +15,26 @@ kernel flipped in D/H/W and with its channel axes swapped. Stages (names in ``tb
 4. ``dx_mad``         the float32 reduction over (co, kd, kh, kw) per merged group;
 5. ``dx_res``         bias added, cast to ``res_dtype``, laid out ``(N, D, Cin1, H*W, C0)``,
    padded channels zero.
+
+With stride s, only one in s of the dilated rows is not zero, so the dense form spends
+``1 - 1/(sd*sh*sw)`` of its multiply-adds on zeros.
+
+**Stride-phase form** (``stride_phases=True``, what the DSL builds): along an axis, the input
+rows ``i = q*s + r`` of one phase ``r`` are reached only by the taps ``a`` with
+``(r + pad - a*dil) % s == 0``. With ``g = gcd(s, dil)`` these are ``a0(r) + j*(s/g)``, and tap
+``j`` reads dy row ``q + const(r) - j*(dil/g)``: every phase is a dense correlation of the
+undilated dy with a sub-kernel, and phases without taps are zero. Stages: ``dx_dy_pad`` (dy
+padded, not dilated), ``dx_filter_flip`` (as above), one reduction per phase with taps, named
+``dx_mad`` (a single phase) or ``dx_mad_<rd>_<rh>_<rw>``, and ``dx_res``, which interleaves the
+phases. The reductions do exactly the multiply-adds of non-zero dy rows (plus the borders that
+the padding covers).
 """
 
 from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
 
 from .. import stages
 from .._tvm import te, tirx
@@ -27,6 +46,16 @@ ACC_DTYPE = "float32"
 
 def _tag(stage: str) -> str:
     return stages.tag(INPUT_OP, stage)
+
+
+def _overlaps(shape, lead, sizes) -> bool:
+    """Whether a padded tensor of ``shape`` holds any source row (``t - lead`` in ``[0, size)``).
+
+    When it holds none it is all zeros and must not read its source at all: a read that can
+    never happen still counts as out of the source's region for the scheduler.
+    """
+    return all(t - lo > 0 and -lo < size for t, lo, size in
+               zip((shape[1], shape[3], shape[4]), lead, sizes, strict=True))
 
 
 def _dilate(dy: te.Tensor, p: BackpropInputParams) -> te.Tensor:
@@ -42,7 +71,7 @@ def _dilate(dy: te.Tensor, p: BackpropInputParams) -> te.Tensor:
     return te.compute(shape, body, name=stages.DX_DY_DILATE, tag=_tag("dy_dilate"))
 
 
-def _pad(dil: te.Tensor, p: BackpropInputParams) -> te.Tensor:
+def _pad_dilated(dil: te.Tensor, p: BackpropInputParams) -> te.Tensor:
     geo, g = p.geometry, p.geometry.group
     n, _, cout1, _, _, c0 = p.dy_shape
     ext = [(k - 1) * d + 1 for k, d in zip(geo.kernel, geo.dilations, strict=True)]
@@ -54,6 +83,8 @@ def _pad(dil: te.Tensor, p: BackpropInputParams) -> te.Tensor:
     zero = tirx.const(0, p.dtype)
 
     def body(nn, d, c1, h, w, cc):
+        if not _overlaps(shape, lead, sizes):
+            return zero
         u = (d - lead[0], h - lead[1], w - lead[2])
         inside = tirx.all(c1 < cout1, *(tirx.all(v >= 0, v < s) for v, s in zip(u, sizes,
                                                                                strict=True)))
@@ -81,7 +112,7 @@ def _flip(w: te.Tensor, p: BackpropInputParams) -> te.Tensor:
     return te.compute(shape, body, name=stages.DX_FILTER_FLIP, tag=_tag("filter_flip"))
 
 
-def _mad(dy_pad: te.Tensor, w_flip: te.Tensor, p: BackpropInputParams) -> te.Tensor:
+def _mad_dense(dy_pad: te.Tensor, w_flip: te.Tensor, p: BackpropInputParams) -> te.Tensor:
     geo, g = p.geometry, p.geometry.group
     c0 = geo.c0
     dd, dh, dw = geo.dilations
@@ -102,13 +133,14 @@ def _mad(dy_pad: te.Tensor, w_flip: te.Tensor, p: BackpropInputParams) -> te.Ten
     return te.compute(shape, body, name=stages.DX_MAD, tag=_tag("mad"))
 
 
-def _result(acc: te.Tensor, bias: te.Tensor | None, p: BackpropInputParams,
-            attrs: dict | None) -> te.Tensor:
+def _result(acc, bias: te.Tensor | None, p: BackpropInputParams, attrs: dict | None
+            ) -> te.Tensor:
+    """``acc(n, d, cb, h, w, c)`` gives the float32 sum at an input position."""
     c0, cin, width = p.geometry.c0, p.input_size[4], p.input_size[3]
     zero = tirx.const(0, p.res_dtype)
 
     def body(nn, d, c1, hw, cc):
-        value = acc[nn, d, c1, hw // width, hw % width, cc]
+        value = acc(nn, d, c1, hw // width, hw % width, cc)
         if bias is not None:
             value = value + bias[c1, cc].astype(ACC_DTYPE)
         return tirx.if_then_else(c1 * c0 + cc < cin, value.astype(p.res_dtype), zero)
@@ -116,8 +148,145 @@ def _result(acc: te.Tensor, bias: te.Tensor | None, p: BackpropInputParams,
     return te.compute(p.out_shape, body, name=stages.DX_RES, tag=_tag("res"), attrs=attrs)
 
 
+@dataclass(frozen=True)
+class AxisPhase:
+    """The input rows ``i = q*stride + r`` of one axis and the kernel taps that reach them.
+
+    Tap ``j`` (``0 <= j < taps``) of row ``q`` reads dy row ``q + dy0 + j*dy_step`` (negative or
+    past the end: zero) with the flipped kernel index ``flip0 + j*tap_step``.
+    """
+
+    r: int
+    rows: int
+    taps: int
+    dy0: int
+    dy_step: int
+    flip0: int
+    tap_step: int
+
+
+def axis_phases(size: int, kernel: int, stride: int, dilation: int, pad: int) -> list[AxisPhase]:
+    """The phases of one axis that some tap reaches, in increasing ``r``.
+
+    Phase ``r`` is reached by the taps ``a`` with ``(r + pad - a*dilation) % stride == 0``, which
+    are ``a0 + m*(stride/g)`` with ``g = gcd(stride, dilation)``; listed in the flipped order
+    (largest ``a`` first), consecutive taps read dy rows ``dilation/g`` apart.
+    """
+    g = math.gcd(stride, dilation)
+    phases = []
+    for r in range(min(stride, size)):
+        taps = [a for a in range(kernel) if (r + pad - a * dilation) % stride == 0]
+        if not taps:
+            continue
+        last = taps[-1]
+        phases.append(AxisPhase(r=r, rows=(size - r + stride - 1) // stride, taps=len(taps),
+                                dy0=(r + pad - last * dilation) // stride, dy_step=dilation // g,
+                                flip0=kernel - 1 - last, tap_step=stride // g))
+    return phases
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One reduction stage of the stride-phase form: a phase of each of D, H and W."""
+
+    name: str
+    axes: tuple[AxisPhase, AxisPhase, AxisPhase]
+
+    @property
+    def rows(self) -> tuple[int, int, int]:
+        return tuple(a.rows for a in self.axes)
+
+    @property
+    def taps(self) -> tuple[int, int, int]:
+        return tuple(a.taps for a in self.axes)
+
+
+def phases(p: BackpropInputParams) -> list[Phase]:
+    """The reduction stages of the stride-phase form, named as the schedules find them."""
+    geo = p.geometry
+    per_axis = [axis_phases(*args) for args in zip(geo.in_spatial, geo.kernel, geo.strides,
+                                                    geo.dilations, geo.pads_before, strict=True)]
+    combos = list(itertools.product(*per_axis))
+    if len(combos) == 1:
+        return [Phase(stages.DX_MAD, combos[0])]
+    return [Phase(f"{stages.DX_MAD}_{a.r}_{b.r}_{c.r}", (a, b, c)) for a, b, c in combos]
+
+
+def _pad_phases(dy: te.Tensor, p: BackpropInputParams, plan: list[Phase]
+                ) -> tuple[te.Tensor, tuple[int, int, int]]:
+    """dy (not dilated) padded so that every phase's reads are in range; returns the lead pads."""
+    g = p.geometry.group
+    n, _, cout1, _, _, c0 = p.dy_shape
+    out = p.geometry.out_spatial
+    lead, extent = [], []
+    for axis in range(3):
+        axes = [ph.axes[axis] for ph in plan]
+        lo = max(0, max(-a.dy0 for a in axes))
+        hi = max(a.rows - 1 + a.dy0 + (a.taps - 1) * a.dy_step for a in axes)
+        lead.append(lo)
+        extent.append(hi + lo + 1)
+    shape = (n, extent[0], g.real_g * g.cout_g // c0, extent[1], extent[2], c0)
+    zero = tirx.const(0, p.dtype)
+
+    def body(nn, d, c1, h, w, cc):
+        if not _overlaps(shape, lead, out):
+            return zero
+        u = (d - lead[0], h - lead[1], w - lead[2])
+        inside = tirx.all(c1 < cout1, *(tirx.all(v >= 0, v < s) for v, s in zip(u, out,
+                                                                               strict=True)))
+        return tirx.if_then_else(inside, dy[nn, u[0], c1, u[1], u[2], cc], zero)
+
+    return te.compute(shape, body, name=stages.DX_DY_PAD, tag=_tag("dy_pad")), tuple(lead)
+
+
+def _mad_phase(dy_pad: te.Tensor, lead: tuple[int, int, int], w_flip: te.Tensor,
+               p: BackpropInputParams, phase: Phase) -> te.Tensor:
+    g, c0 = p.geometry.group, p.geometry.c0
+    pd, ph, pw = phase.axes
+    rco = te.reduce_axis((0, g.cout_g), name="co")
+    ra = te.reduce_axis((0, pd.taps), name="a")
+    rb = te.reduce_axis((0, ph.taps), name="b")
+    rc = te.reduce_axis((0, pw.taps), name="c")
+    shape = (p.geometry.batch, pd.rows, g.real_g * g.cin1_g, ph.rows, pw.rows, c0)
+
+    def body(nn, qd, cb, qh, qw, ci0):
+        grp = cb // g.cin1_g
+        co_block = grp * (g.cout_g // c0) + rco // c0
+        x = dy_pad[nn, qd + (pd.dy0 + lead[0]) + ra * pd.dy_step, co_block,
+                   qh + (ph.dy0 + lead[1]) + rb * ph.dy_step,
+                   qw + (pw.dy0 + lead[2]) + rc * pw.dy_step, rco % c0]
+        k = w_flip[grp, pd.flip0 + ra * pd.tap_step, ph.flip0 + rb * ph.tap_step,
+                   pw.flip0 + rc * pw.tap_step, rco, (cb % g.cin1_g) * c0 + ci0]
+        return te.sum(x.astype(ACC_DTYPE) * k.astype(ACC_DTYPE), axis=[rco, ra, rb, rc])
+
+    return te.compute(shape, body, name=phase.name, tag=_tag("mad"))
+
+
+def _interleave(parts: list[tuple[Phase, te.Tensor]], p: BackpropInputParams):
+    """``acc(n, d, cb, h, w, c)`` reading the phase tensor that holds (d, h, w), else zero."""
+    strides = p.geometry.strides
+
+    def acc(nn, d, cb, h, w, cc):
+        value = tirx.const(0, ACC_DTYPE)
+        for phase, tensor in parts:
+            conds, index = [], []
+            for v, s, axis in zip((d, h, w), strides, phase.axes, strict=True):
+                if s == 1:
+                    index.append(v)
+                    continue
+                conds.append(v % s == axis.r)
+                # Clamped: a row of another phase may lie one past this phase's last row.
+                index.append(tirx.min(v // s, axis.rows - 1))
+            read = tensor[nn, index[0], cb, index[1], index[2], cc]
+            value = read if not conds else tirx.if_then_else(tirx.all(*conds), read, value)
+        return value
+
+    return acc
+
+
 def conv3d_backprop_input(w: te.Tensor, dy: te.Tensor, p: BackpropInputParams,
-                          bias: te.Tensor | None = None, attrs: dict | None = None) -> te.Tensor:
+                          bias: te.Tensor | None = None, attrs: dict | None = None,
+                          stride_phases: bool = True) -> te.Tensor:
     """dX as ``(N, D, Cin1, H*W, C0)`` in ``p.res_dtype``, accumulated in float32.
 
     Parameters
@@ -132,6 +301,18 @@ def conv3d_backprop_input(w: te.Tensor, dy: te.Tensor, p: BackpropInputParams,
         ``(Cin1, C0)``, added to every output position.
     attrs : dict, optional
         Attributes attached to the result stage (the DSL records its arguments there).
+    stride_phases : bool
+        Build the stride-phase form (no multiply-adds on stride-dilation zeros); ``False`` builds
+        the dense form with an explicit dilation stage.
     """
-    dy_pad = _pad(_dilate(dy, p), p)
-    return _result(_mad(dy_pad, _flip(w, p), p), bias, p, attrs)
+    if not stride_phases:
+        dy_pad = _pad_dilated(_dilate(dy, p), p)
+        mad = _mad_dense(dy_pad, _flip(w, p), p)
+        return _result(lambda *i: mad(*i), bias, p, attrs)
+    plan = phases(p)
+    parts = []
+    if plan:
+        dy_pad, lead = _pad_phases(dy, p, plan)
+        w_flip = _flip(w, p)
+        parts = [(ph, _mad_phase(dy_pad, lead, w_flip, p, ph)) for ph in plan]
+    return _result(_interleave(parts, p), bias, p, attrs)
