@@ -203,10 +203,10 @@ class DeconvCase:
 DECONV_CASES = {
     # Seed 002's example (16 -> 2 batches): in = out = 4 with a 4x4 kernel, no size relation.
     "seed-002": DeconvCase(2, (4, 4), 4, (4, 4), 4, (4, 4)),
-    "transposed-s2": DeconvCase(2, (3, 4), 4, (7, 9), 6, (3, 3), stride=(2, 2), pad=(1, 1)),
+    "transposed-s2": DeconvCase(2, (3, 4), 4, (6, 8), 6, (3, 3), stride=(2, 2), pad=(1, 1)),
     "transposed-outpad": DeconvCase(1, (3, 3), 2, (8, 6), 3, (3, 2), stride=(3, 2), pad=(1, 0)),
     "dilation-groups": DeconvCase(2, (4, 3), 6, (6, 5), 4, (2, 2), dilation=(2, 2), group=2),
-    "depthwise": DeconvCase(1, (3, 5), 4, (5, 9), 4, (3, 3), stride=(1, 2), pad=(1, 1),
+    "depthwise": DeconvCase(1, (3, 5), 4, (3, 10), 4, (3, 3), stride=(1, 2), pad=(1, 1),
                             group=4),
     "dy-larger-than-read": DeconvCase(1, (2, 2), 2, (9, 8), 2, (2, 3), stride=(2, 2), pad=(0, 1)),
     "dy-smaller-than-read": DeconvCase(2, (5, 4), 3, (3, 2), 2, (3, 3), stride=(2, 1),
