@@ -412,7 +412,7 @@ def _check_spatial(p: ConvolutionBackwardParams) -> None:
                        f"dilation {d} * (kernel {k} - 1) + output_padding "
                        f"{p.output_padding[a]} + 1 = {expected}")
             if expected < 1:
-                raise _fail(OP, f"padding {list(p.pads)} leaves no output on axis {name}: "
+                raise _fail(OP, f"padding {before}+{after} leaves no output on axis {name}: "
                             f"{formula}")
         else:
             if i + before + after < span:
