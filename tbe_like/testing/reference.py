@@ -362,3 +362,211 @@ def naive_conv3d_backprop_input(
     for yi, xi, wi in _naive_terms(dy.shape[0], w.shape, geo):
         dx[xi] += dy64[yi] * w64[wi]
     return dx
+
+
+# --------------------------------------------------------------------------------------------
+# Framework-level operators: aclnnConvolutionBackward (NCL/NCHW/NCDHW), DeconvGradFilter (NHWC)
+# --------------------------------------------------------------------------------------------
+
+
+def _per_axis(func: str, name: str, value: int | Sequence[int], n: int,
+              lengths: Sequence[int]) -> tuple[int, ...]:
+    """An int or a sequence of one of ``lengths`` ints; a single value applies to all ``n``."""
+    values = (value,) if isinstance(value, (int, np.integer)) else tuple(value)
+    if len(values) not in lengths:
+        raise ValueError(f"{func}: {name} must have one of {sorted(lengths)} entries, got "
+                         f"{list(values)}")
+    return tuple(int(v) for v in values) * (n if len(values) == 1 else 1)
+
+
+def _unit_axes(a: np.ndarray) -> np.ndarray:
+    """NCL / NCHW / NCDHW -> NCDHW with unit leading spatial axes."""
+    return a.reshape(*a.shape[:2], *(1,) * (5 - a.ndim), *a.shape[2:])
+
+
+def _conv_params3(func: str, n: int, stride, padding, dilation, output_padding):
+    """(stride, pads, dilation, output_padding) of ``n`` spatial axes in the 3D functions' form.
+
+    ``padding`` is symmetric (1 or ``n`` entries) or ``(before, after)`` per axis (``2n``).
+    """
+    lead = 3 - n
+    stride = (1,) * lead + _per_axis(func, "stride", stride, n, (1, n))
+    dilation = (1,) * lead + _per_axis(func, "dilation", dilation, n, (1, n))
+    out_pad = (0,) * lead + _per_axis(func, "output_padding", output_padding, n, (1, n))
+    pad = _per_axis(func, "padding", padding, n, (1, n, 2 * n))
+    pairs = [(p, p) for p in pad] if len(pad) == n else list(zip(pad[::2], pad[1::2], strict=True))
+    pads = (0, 0) * lead + tuple(p for pair in pairs for p in pair)
+    return stride, pads, dilation, out_pad
+
+
+def convolution_backward(
+    grad_output: np.ndarray,
+    input: np.ndarray,
+    weight: np.ndarray,
+    *,
+    stride: int | Sequence[int],
+    padding: int | Sequence[int],
+    dilation: int | Sequence[int],
+    transposed: bool,
+    output_padding: int | Sequence[int],
+    groups: int,
+    output_mask: Sequence[bool],
+) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+    """The gradients of a 1D, 2D or 3D (transposed) convolution, as ``aten.convolution_backward``.
+
+    Parameters
+    ----------
+    grad_output, input : numpy.ndarray
+        NCL, NCHW or NCDHW, any float dtype: the gradient of the forward result, and the forward
+        input.
+    weight : numpy.ndarray
+        ``(Cout, Cin/groups, k...)``; ``(Cin, Cout/groups, k...)`` when ``transposed``.
+    stride, dilation, output_padding : int or sequence of int
+        One value, or one per spatial axis.
+    padding : int or sequence of int
+        One value, one per spatial axis (symmetric), or ``(before, after)`` per axis.
+    transposed : bool
+        The forward operator is a transposed convolution.
+    groups : int
+        Number of groups.
+    output_mask : sequence of 3 bool
+        Which of ``(grad_input, grad_weight, grad_bias)`` to compute.
+
+    Returns
+    -------
+    tuple
+        ``(grad_input, grad_weight, grad_bias)`` in float64, of the shapes of ``input``,
+        ``weight`` and ``(grad_output.shape[1],)``; ``None`` where ``output_mask`` is False.
+        Transposed, grad_input is the ordinary convolution of grad_output with the weight and
+        grad_weight the weight gradient with the roles of x and dy swapped.
+    """
+    func = "convolution_backward"
+    if not grad_output.ndim == input.ndim == weight.ndim or input.ndim not in (3, 4, 5):
+        raise ValueError(f"{func}: grad_output, input, weight must all be 3D, 4D or 5D, got "
+                         f"shapes {grad_output.shape}, {input.shape}, {weight.shape}")
+    stride, pads, dilation, out_pad = _conv_params3(func, input.ndim - 2, stride, padding,
+                                                    dilation, output_padding)
+    go5, x5, w5 = _unit_axes(grad_output), _unit_axes(input), _unit_axes(weight)
+    kernel = w5.shape[2:]
+    grad_input = grad_weight = grad_bias = None
+    if transposed:
+        expected = tuple((i - 1) * s - pads[2 * a] - pads[2 * a + 1] + d * (k - 1) + 1 + o
+                         for a, (i, s, d, k, o) in enumerate(zip(x5.shape[2:], stride, dilation,
+                                                                 kernel, out_pad, strict=True)))
+        if go5.shape[2:] != expected:
+            raise ValueError(f"{func}: transposed grad_output spatial must be {expected}, got "
+                             f"{go5.shape[2:]}")
+        if output_mask[0]:
+            grad_input = conv3d_forward(go5, w5, stride, pads, dilation, groups)
+            if grad_input.shape != x5.shape:
+                raise ValueError(f"{func}: grad_input {grad_input.shape} != input {x5.shape}")
+        if output_mask[1]:
+            grad_weight = conv3d_backprop_filter(go5, x5, kernel, stride, pads, dilation, groups)
+    else:
+        if any(out_pad):
+            raise ValueError(f"{func}: output_padding must be 0, got {out_pad}")
+        if output_mask[0]:
+            grad_input = conv3d_backprop_input(go5, w5, x5.shape[2:], stride, pads, dilation,
+                                               groups)
+        if output_mask[1]:
+            grad_weight = conv3d_backprop_filter(x5, go5, kernel, stride, pads, dilation, groups)
+    if output_mask[2]:
+        grad_bias = grad_output.astype(np.float64).sum(axis=(0, *range(2, grad_output.ndim)))
+    return (None if grad_input is None else grad_input.reshape(input.shape),
+            None if grad_weight is None else grad_weight.reshape(weight.shape), grad_bias)
+
+
+def _deconv_args(func: str, dy: np.ndarray, x: np.ndarray, kernel, stride, pad, dilation,
+                 group: int) -> tuple:
+    if dy.ndim != 4 or x.ndim != 4 or dy.shape[0] != x.shape[0]:
+        raise ValueError(f"{func}: dy and x must be NHWC with one batch, got shapes {dy.shape} "
+                         f"and {x.shape}")
+    group = _check_groups(func, group)
+    if dy.shape[3] % group or x.shape[3] % group:
+        raise ValueError(f"{func}: group={group} must divide out_c={dy.shape[3]} and "
+                         f"in_c={x.shape[3]}")
+    return (_per_axis(func, "kernel", kernel, 2, (1, 2)), _per_axis(func, "stride", stride, 2,
+            (1, 2)), _per_axis(func, "pad", pad, 2, (1, 2)),
+            _per_axis(func, "dilation", dilation, 2, (1, 2)), group)
+
+
+def deconv_grad_filter(
+    dy: np.ndarray,
+    x: np.ndarray,
+    *,
+    kernel: int | Sequence[int],
+    stride: int | Sequence[int],
+    pad: int | Sequence[int],
+    dilation: int | Sequence[int],
+    group: int,
+) -> np.ndarray:
+    """Weight gradient of a transposed 2D convolution, DeconvGradFilter (seed 002), vectorised.
+
+    ``dw[g, (co*kh + kr)*kw + kc, ci] = sum over b, r < in_h, c < in_w of
+    dy[b, r*sh - pad_u + kr*dh, c*sw - pad_l + kc*dw, g*out_c/G + co] * x[b, r, c, g*in_c/G + ci]``
+    with reads outside dy equal to 0 (SPEC "DeconvGradFilter").
+
+    Parameters
+    ----------
+    dy : numpy.ndarray
+        ``(B, out_h, out_w, out_c)`` NHWC, any float dtype.
+    x : numpy.ndarray
+        ``(B, in_h, in_w, in_c)`` NHWC, any float dtype.
+    kernel, stride, pad, dilation : int or sequence of 2 int
+        ``(kh, kw)``, ``(sh, sw)``, ``(pad_u, pad_l)``, ``(dh, dw)``.
+    group : int
+        Divides ``out_c`` and ``in_c``.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(group, out_c/group * kh * kw, in_c/group)``, float64.
+    """
+    func = "deconv_grad_filter"
+    (kh, kw), (sh, sw), (pu, pl), (dil_h, dil_w), g = _deconv_args(func, dy, x, kernel, stride, pad,
+                                                             dilation, group)
+    n, in_h, in_w, in_c = x.shape
+    out_c = dy.shape[3]
+    # Zero-pad dy so that every read (index + pad) falls inside: pad_u/pad_l before, enough after.
+    rows = max(pu + dy.shape[1], (in_h - 1) * sh + (kh - 1) * dil_h + 1)
+    cols = max(pl + dy.shape[2], (in_w - 1) * sw + (kw - 1) * dil_w + 1)
+    dyp = np.zeros((n, rows, cols, out_c))
+    dyp[:, pu:pu + dy.shape[1], pl:pl + dy.shape[2]] = dy.astype(np.float64)
+    dyp = dyp.reshape(n, rows, cols, g, out_c // g)
+    xg = x.astype(np.float64).reshape(n, in_h, in_w, g, in_c // g)
+    dw = np.zeros((g, out_c // g, kh, kw, in_c // g))
+    for kr, kc in itertools.product(range(kh), range(kw)):
+        window = dyp[:, kr * dil_h:kr * dil_h + (in_h - 1) * sh + 1:sh,
+                     kc * dil_w:kc * dil_w + (in_w - 1) * sw + 1:sw]
+        dw[:, :, kr, kc] = np.einsum("nhwgo,nhwgi->goi", window, xg)
+    return dw.reshape(g, out_c // g * kh * kw, in_c // g)
+
+
+def naive_deconv_grad_filter(
+    dy: np.ndarray,
+    x: np.ndarray,
+    *,
+    kernel: int | Sequence[int],
+    stride: int | Sequence[int],
+    pad: int | Sequence[int],
+    dilation: int | Sequence[int],
+    group: int,
+) -> np.ndarray:
+    """Loop version of :func:`deconv_grad_filter` (same parameters and result); tiny shapes."""
+    func = "naive_deconv_grad_filter"
+    (kh, kw), (sh, sw), (pu, pl), (dil_h, dil_w), g = _deconv_args(func, dy, x, kernel, stride, pad,
+                                                             dilation, group)
+    n, in_h, in_w, in_c = x.shape
+    _, out_h, out_w, out_c = dy.shape
+    oc_g, ic_g = out_c // g, in_c // g
+    dy64, x64 = dy.astype(np.float64), x.astype(np.float64)
+    dw = np.zeros((g, oc_g * kh * kw, ic_g))
+    for gi, co, kr, kc, ci in itertools.product(range(g), range(oc_g), range(kh), range(kw),
+                                                range(ic_g)):
+        total = 0.0
+        for b, r, c in itertools.product(range(n), range(in_h), range(in_w)):
+            i, j = r * sh - pu + kr * dil_h, c * sw - pl + kc * dil_w
+            if 0 <= i < out_h and 0 <= j < out_w:
+                total += dy64[b, i, j, gi * oc_g + co] * x64[b, r, c, gi * ic_g + ci]
+        dw[gi, (co * kh + kr) * kw + kc, ci] = total
+    return dw
