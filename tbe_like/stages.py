@@ -27,3 +27,10 @@ TAG_PREFIX = "tbe_like."
 def tag(op: str, stage: str) -> str:
     """The ``tag=`` of a stage: ``tbe_like.<op>.<stage>``."""
     return f"{TAG_PREFIX}{op}.{stage}"
+
+# Layout transforms of the framework-level kernels (tbe_like.ops), which take the user's arrays
+# as they are: ``layout_in_<tensor>`` packs an input into 6HD / FRACTAL_Z_3D (and converts its
+# dtype for cube_math_type); ``layout_out_<tensor>`` unpacks a result into the user's layout.
+LAYOUT_IN = "layout_in"
+LAYOUT_OUT = "layout_out"
+LAYOUT_OUT_NCDHW = "layout_out_ncdhw"  # an output unpacked from 6HD to (N, C, D, H, W)

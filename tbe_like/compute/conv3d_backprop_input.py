@@ -152,8 +152,10 @@ def _result(acc, bias: te.Tensor | None, p: BackpropInputParams, attrs: dict | N
 class AxisPhase:
     """The input rows ``i = q*stride + r`` of one axis and the kernel taps that reach them.
 
-    Tap ``j`` (``0 <= j < taps``) of row ``q`` reads dy row ``q + dy0 + j*dy_step`` (negative or
-    past the end: zero) with the flipped kernel index ``flip0 + j*tap_step``.
+    Tap ``j`` (``0 <= j < taps``) of row ``q`` reads dy row ``q*q_step + dy0 + j*dy_step``
+    (negative or past the end: zero) with the flipped kernel index ``flip0 + j*tap_step``.
+    ``q_step`` is 1 for the input gradient; a forward convolution (``conv3d_forward``) is the
+    one phase with ``q_step = stride`` and the taps in kernel order.
     """
 
     r: int
@@ -163,6 +165,7 @@ class AxisPhase:
     dy_step: int
     flip0: int
     tap_step: int
+    q_step: int = 1
 
 
 def axis_phases(size: int, kernel: int, stride: int, dilation: int, pad: int) -> list[AxisPhase]:
@@ -222,7 +225,7 @@ def _pad_phases(dy: te.Tensor, p: BackpropInputParams, plan: list[Phase]
     for axis in range(3):
         axes = [ph.axes[axis] for ph in plan]
         lo = max(0, max(-a.dy0 for a in axes))
-        hi = max(a.rows - 1 + a.dy0 + (a.taps - 1) * a.dy_step for a in axes)
+        hi = max((a.rows - 1) * a.q_step + a.dy0 + (a.taps - 1) * a.dy_step for a in axes)
         lead.append(lo)
         extent.append(hi + lo + 1)
     shape = (n, extent[0], g.real_g * g.cout_g // c0, extent[1], extent[2], c0)
@@ -252,9 +255,9 @@ def _mad_phase(dy_pad: te.Tensor, lead: tuple[int, int, int], w_flip: te.Tensor,
     def body(nn, qd, cb, qh, qw, ci0):
         grp = cb // g.cin1_g
         co_block = grp * (g.cout_g // c0) + rco // c0
-        x = dy_pad[nn, qd + (pd.dy0 + lead[0]) + ra * pd.dy_step, co_block,
-                   qh + (ph.dy0 + lead[1]) + rb * ph.dy_step,
-                   qw + (pw.dy0 + lead[2]) + rc * pw.dy_step, rco % c0]
+        x = dy_pad[nn, qd * pd.q_step + (pd.dy0 + lead[0]) + ra * pd.dy_step, co_block,
+                   qh * ph.q_step + (ph.dy0 + lead[1]) + rb * ph.dy_step,
+                   qw * pw.q_step + (pw.dy0 + lead[2]) + rc * pw.dy_step, rco % c0]
         k = w_flip[grp, pd.flip0 + ra * pd.tap_step, ph.flip0 + rb * ph.tap_step,
                    pw.flip0 + rc * pw.tap_step, rco, (cb % g.cin1_g) * c0 + ci0]
         return te.sum(x.astype(ACC_DTYPE) * k.astype(ACC_DTYPE), axis=[rco, ra, rb, rc])
@@ -262,9 +265,8 @@ def _mad_phase(dy_pad: te.Tensor, lead: tuple[int, int, int], w_flip: te.Tensor,
     return te.compute(shape, body, name=phase.name, tag=_tag("mad"))
 
 
-def _interleave(parts: list[tuple[Phase, te.Tensor]], p: BackpropInputParams):
+def _interleave(parts: list[tuple[Phase, te.Tensor]], strides: tuple[int, int, int]):
     """``acc(n, d, cb, h, w, c)`` reading the phase tensor that holds (d, h, w), else zero."""
-    strides = p.geometry.strides
 
     def acc(nn, d, cb, h, w, cc):
         value = tirx.const(0, ACC_DTYPE)
@@ -309,10 +311,33 @@ def conv3d_backprop_input(w: te.Tensor, dy: te.Tensor, p: BackpropInputParams,
         dy_pad = _pad_dilated(_dilate(dy, p), p)
         mad = _mad_dense(dy_pad, _flip(w, p), p)
         return _result(lambda *i: mad(*i), bias, p, attrs)
-    plan = phases(p)
+    return _phase_correlation(w, dy, p, phases(p), p.geometry.strides, bias, attrs)
+
+
+def _phase_correlation(w, dy, p, plan, strides, bias, attrs) -> te.Tensor:
     parts = []
     if plan:
         dy_pad, lead = _pad_phases(dy, p, plan)
         w_flip = _flip(w, p)
         parts = [(ph, _mad_phase(dy_pad, lead, w_flip, p, ph)) for ph in plan]
-    return _result(_interleave(parts, p), bias, p, attrs)
+    return _result(_interleave(parts, strides), bias, p, attrs)
+
+
+def conv3d_forward(w: te.Tensor, x: te.Tensor, p: BackpropInputParams,
+                   attrs: dict | None = None) -> te.Tensor:
+    """A forward convolution on the same stages: y = conv(x, W), stride, pads and dilation of p.
+
+    The roles are those of the input gradient with x in dy's place: ``p.dy_shape`` is x in 6HD
+    (``C_x`` channels, spatial ``p.geometry.out_spatial``), ``p.input_size`` is y's
+    ``(N, D, H, W, C_y)`` (spatial ``p.geometry.in_spatial``), and ``w`` is FRACTAL_Z_3D of the
+    ``(C_x, C_y/groups, k...)`` filter, i.e. W with its channel axes swapped per group, as the
+    input gradient's filter is. The result is ``(N, D, C_y1, H*W, C0)`` in ``p.res_dtype``.
+    The framework operator uses it for the input gradient of a transposed convolution.
+    """
+    geo = p.geometry
+    axes = tuple(AxisPhase(r=0, rows=rows, taps=k, dy0=-pad, dy_step=dil, flip0=k - 1,
+                           tap_step=-1, q_step=stride)
+                 for rows, k, stride, dil, pad in zip(geo.in_spatial, geo.kernel, geo.strides,
+                                                      geo.dilations, geo.pads_before,
+                                                      strict=True))
+    return _phase_correlation(w, x, p, [Phase(stages.DX_MAD, axes)], (1, 1, 1), None, attrs)

@@ -1,0 +1,51 @@
+"""Scheduling of the layout-transform stages (``layout_in_*`` / ``layout_out_*``) on a CPU.
+
+Runs after the operator's rule, which leaves these stages alone:
+
+* an input stage is inlined into its consumers when they are all elementwise stages that the
+  rule materialized (padding, flipping: the pack costs nothing extra there); when a reduction
+  reads it directly it is materialized (parallel, vectorized), so that the inner loop reads
+  packed data;
+* an output stage absorbs the elementwise result stage that feeds it (cast, masking) and loops
+  over the output rows in parallel, innermost axis vectorized, so that its writes are
+  contiguous.
+"""
+
+from __future__ import annotations
+
+from tbe_like import stages
+from tbe_like._tvm import s_tir
+
+from .common import block_names, fuse_parallel_vectorize
+
+_REDUCE = 2  # IterVar.CommReduce
+
+
+def _is_reduction(sch, block) -> bool:
+    return any(int(iv.iter_type) == _REDUCE for iv in sch.get(block).iter_vars)
+
+
+def schedule_layout_stages(sch, target) -> None:
+    del target
+    for name in block_names(sch):
+        if name.startswith(stages.LAYOUT_IN):
+            block = sch.get_sblock(name)
+            consumers = sch.get_consumers(block)
+            if consumers and not any(_is_reduction(sch, c) for c in consumers):
+                sch.compute_inline(block)
+            else:
+                fuse_parallel_vectorize(sch, name, n_parallel=2)
+        elif name.startswith(stages.LAYOUT_OUT):
+            block = sch.get_sblock(name)
+            for producer in sch.get_producers(block):
+                if not _is_reduction(sch, producer):
+                    try:
+                        sch.compute_inline(producer)
+                    except s_tir.schedule.ScheduleError:
+                        pass  # e.g. read elsewhere too: it stays as the rule scheduled it
+            if name.startswith(stages.LAYOUT_OUT_NCDHW):
+                n, c, d, h, w = sch.get_loops(block)
+                sch.reorder(n, d, h, c, w)  # rows outside the channels: contiguous writes
+                fuse_parallel_vectorize(sch, name, n_parallel=3)
+            else:
+                fuse_parallel_vectorize(sch, name, n_parallel=2)

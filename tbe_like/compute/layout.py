@@ -1,0 +1,141 @@
+"""Layout-transform stages: the user's NC[D]HW / NHWC arrays into the cube layouts and back.
+
+These are the tensor-expression twins of ``tbe_like.layout`` (the NumPy helpers) and follow the
+same index maps (SPEC.md, "Layouts"). The framework-level kernels (``tbe_like.ops``) put them
+around the operator stages, so that a kernel takes the user's arrays as they are; a schedule
+inlines them into the stages that read them, or materializes them.
+
+Input stages are named ``layout_in_<tensor>``, output stages ``layout_out_<tensor>``
+(``tbe_like.stages``). An input stage may also convert the dtype (``convert``): this is where
+``cube_math_type`` lowers the precision of the operands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .. import stages
+from .._tvm import te, tirx
+from ..groups import FRACTAL_N0, GroupInfo
+
+Convert = Callable[[Any], Any]  # PrimExpr -> PrimExpr
+
+
+def _in_name(tensor: str) -> str:
+    return f"{stages.LAYOUT_IN}_{tensor}"
+
+
+def _out_name(tensor: str) -> str:
+    return f"{stages.LAYOUT_OUT}_{tensor}"
+
+
+def cast_to(dtype: str) -> Convert:
+    """A conversion that casts to ``dtype``."""
+    return lambda value: value.astype(dtype)
+
+
+def round_to_hf32(value: Any) -> Any:
+    """A float32 rounded to nearest-even at 10 mantissa bits (HF32 / TF32 precision).
+
+    Inf and NaN pass through unchanged apart from NaN payload bits.
+    """
+    bits = tirx.reinterpret("uint32", value)
+    one, half = tirx.const(1, "uint32"), tirx.const(0xFFF, "uint32")
+    lsb = tirx.bitwise_and(tirx.shift_right(bits, tirx.const(13, "uint32")), one)
+    rounded = tirx.bitwise_and(bits + half + lsb, tirx.const(0xFFFFE000, "uint32"))
+    finite = tirx.bitwise_and(bits, tirx.const(0x7F800000, "uint32")) != tirx.const(
+        0x7F800000, "uint32")
+    return tirx.reinterpret("float32", tirx.if_then_else(finite, rounded, bits))
+
+
+def pack_6hd(t: te.Tensor, channels_last: bool, c0: int, dtype: str, convert: Convert,
+             tensor: str) -> te.Tensor:
+    """``(N, C, D, H, W)`` (or ``(N, D, H, W, C)``) into ``(N, D, C1, H, W, C0)``, zero-padded.
+
+    ``convert`` turns a read of ``t`` into ``dtype``.
+    """
+    if channels_last:
+        n, d, h, w, c = (int(s) for s in t.shape)
+    else:
+        n, c, d, h, w = (int(s) for s in t.shape)
+    c1 = -(-c // c0)
+    zero = tirx.const(0, dtype)
+
+    def body(nn, dd, cb, hh, ww, cc):
+        ch = cb * c0 + cc
+        read = t[nn, dd, hh, ww, ch] if channels_last else t[nn, ch, dd, hh, ww]
+        if c % c0 == 0:
+            return convert(read)
+        return tirx.if_then_else(ch < c, convert(read), zero)
+
+    return te.compute((n, d, c1, h, w, c0), body, name=_in_name(tensor),
+                      tag=stages.tag("layout", "pack_6hd"))
+
+
+def pack_fractal_z_3d(get: Callable, dtype: str, group: GroupInfo, kernel: Sequence[int],
+                      c0: int, tensor: str) -> te.Tensor:
+    """A filter into FRACTAL_Z_3D with groups ``(real_g*kd*cin1_g*kh*kw, cout_g/16, 16, C0)``.
+
+    ``get(co, ci, a, b, c)`` reads the filter as ``(Cout, Cin/groups, kd, kh, kw)`` (already
+    converted to ``dtype``); the cells of other groups and of padded channels are zero.
+    """
+    g = group
+    kd, kh, kw = kernel
+    cin_pg, cout_pg = g.cin_per_group, g.cout_per_group
+    rows = g.real_g * kd * g.cin1_g * kh * kw
+    zero = tirx.const(0, dtype)
+
+    def body(row, co_blk, co16, ci0):
+        c = row % kw
+        b = row // kw % kh
+        ci1 = row // (kw * kh) % g.cin1_g
+        a = row // (kw * kh * g.cin1_g) % kd
+        grp = row // (kw * kh * g.cin1_g * kd)
+        co_m, ci_m = co_blk * FRACTAL_N0 + co16, ci1 * c0 + ci0
+        sub = co_m // cout_pg
+        valid = tirx.all(sub < g.mag_factor, sub == ci_m // cin_pg,
+                         grp * g.mag_factor + sub < g.groups)
+        co = (grp * g.mag_factor + sub) * cout_pg + co_m % cout_pg
+        return tirx.if_then_else(valid, get(co, ci_m % cin_pg, a, b, c), zero)
+
+    shape = (rows, g.cout_g // FRACTAL_N0, FRACTAL_N0, c0)
+    return te.compute(shape, body, name=_in_name(tensor),
+                      tag=stages.tag("layout", "pack_fractal_z_3d"))
+
+
+def unpack_6hd(res: te.Tensor, channels: int, width: int, dtype: str, tensor: str
+               ) -> te.Tensor:
+    """``(N, D, C1, H*W, C0)`` into ``(N, C, D, H, W)`` cast to ``dtype``."""
+    n, d, _, hw, c0 = (int(s) for s in res.shape)
+    shape = (n, channels, d, hw // width, width)
+
+    def body(nn, c, dd, h, w):
+        return res[nn, dd, c // c0, h * width + w, c % c0].astype(dtype)
+
+    return te.compute(shape, body, name=f"{stages.LAYOUT_OUT_NCDHW}_{tensor}",
+                      tag=stages.tag("layout", "unpack_6hd"))
+
+
+def unpack_filter_gradient(res: te.Tensor, shape: Sequence[int], index: Callable, dtype: str,
+                           group: GroupInfo, kernel: Sequence[int], tensor: str) -> te.Tensor:
+    """The weight gradient's ``(real_g, kd*cin1_g*kh*kw, cout_g, C0)`` into a user layout.
+
+    ``index(*out)`` maps an output position of ``shape`` to ``(co, ci, a, b, c)`` of the filter
+    seen as ``(Cout, Cin/groups, kd, kh, kw)``.
+    """
+    g = group
+    _, kh, kw = kernel
+    c0 = int(res.shape[3])
+    cin_pg, cout_pg = g.cin_per_group, g.cout_per_group
+
+    def body(*out):
+        co, ci, a, b, c = index(*out)
+        orig = co // cout_pg
+        grp, sub = orig // g.mag_factor, orig % g.mag_factor
+        ci_m, co_m = sub * cin_pg + ci, sub * cout_pg + co % cout_pg
+        row = ((a * g.cin1_g + ci_m // c0) * kh + b) * kw + c
+        return res[grp, row, co_m, ci_m % c0].astype(dtype)
+
+    return te.compute(tuple(shape), body, name=_out_name(tensor),
+                      tag=stages.tag("layout", "unpack_filter_gradient"))

@@ -1,0 +1,220 @@
+"""``convolution_backward``: aclnnConvolutionBackward / ``aten.convolution_backward`` on NumPy.
+
+Two phases, as aclnn's ``GetWorkspaceSize`` + execute: :func:`prepare_convolution_backward`
+validates the shapes and parameters, compiles (or loads from the kernel cache) one kernel per
+requested gradient and reports the workspace; the returned executor then runs any number of
+times without compiling. :func:`convolution_backward` does both in one call (the cache makes
+repeated calls cheap).
+
+Kernels (``tbe_like.ops.kernels``), on the convolution ``x -> y`` the operator differentiates
+(not transposed: x = input, y = grad_output; transposed: x = grad_output, y = input):
+
+* grad_input: the input-gradient core (not transposed) or a forward convolution of grad_output
+  with the weight (transposed);
+* grad_weight: the weight-gradient core on (x, y);
+* grad_bias: grad_output summed over N and the spatial axes, in float32, on the host (NumPy):
+  a memory-bound sum that needs no kernel.
+
+``cube_math_type`` (``tbe_like.ops.params``): 0 keeps the dtype; 1 lets float32 operands be
+rounded to bfloat16 (the CPU's down-precision type; float16 on CUDA would be the same rule);
+2 computes in float16; 3 rounds float32 operands to a 10-bit mantissa (HF32/TF32). The
+products are always accumulated in float32 and the results returned in the arrays' dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+
+from .._tvm import Target
+from ..cache import KernelCache, default_cache
+from ..kernel import Kernel
+from ..target import resolve_target
+from . import kernels
+from .params import OP, ConvolutionBackwardParams, convolution_backward_params
+
+
+def _dtype_name(op: str, name: str, array: Any) -> str:
+    if not hasattr(array, "shape") or not hasattr(array, "dtype"):
+        raise TypeError(f"{op}: {name} must be a numpy array (or have .shape and .dtype), got "
+                        f"{type(array).__name__}")
+    return np.dtype(array.dtype).name
+
+
+def _target(op: str, target: Any) -> Target:
+    try:
+        return resolve_target(target)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{op}: target: {e}") from None
+
+
+def conv_of(p: ConvolutionBackwardParams) -> kernels.Conv3d:
+    """The ordinary convolution x -> y whose gradients the operator takes."""
+    x, y = p.conv_x_shape5, p.conv_dy_shape5
+    return kernels.Conv3d(batch=x[0], cin=x[1], cout=y[1], in_spatial=tuple(x[2:]),
+                          out_spatial=tuple(y[2:]), kernel=tuple(p.kernel),
+                          strides=tuple(p.stride), pads=tuple(p.pads),
+                          dilations=tuple(p.dilation), groups=p.groups)
+
+
+class ConvolutionBackwardExecutor:
+    """Compiled kernels for one set of shapes, dtypes and parameters; call it with the arrays.
+
+    Attributes
+    ----------
+    params : ConvolutionBackwardParams
+        The validated arguments.
+    workspace_size : int
+        Bytes of intermediate buffers the kernels allocate (packed operands, accumulators).
+    kernels : dict
+        ``{"grad_input": Kernel, "grad_weight": Kernel}`` for the requested outputs.
+    """
+
+    def __init__(self, p: ConvolutionBackwardParams, target: Target, cache: KernelCache):
+        self.params = p
+        self.target = target
+        conv = conv_of(p)
+        prec = kernels.Precision(p.dtype, p.compute_dtype, p.hf32)
+        self.kernels: dict[str, Kernel] = {}
+        want_input, want_weight, _ = p.output_mask
+        if want_input:
+            if p.transposed:
+                self.kernels["grad_input"] = _cached(cache, "forward", conv, prec, target)
+            else:
+                self.kernels["grad_input"] = _cached(cache, "grad_input", conv, prec, target)
+        if want_weight:
+            self.kernels["grad_weight"] = _cached(cache, "grad_weight", conv, prec, target,
+                                                  transposed=p.transposed)
+        self.workspace_size = sum(int(k.metadata["para_dict"].get("workspace_bytes", 0))
+                                  for k in self.kernels.values())
+
+    def __repr__(self) -> str:
+        return (f"ConvolutionBackwardExecutor({OP}, mask={self.params.output_mask}, "
+                f"kernels={sorted(self.kernels)}, workspace_size={self.workspace_size})")
+
+    def _check(self, name: str, array: Any, shape: tuple, dtype: str) -> np.ndarray:
+        if not isinstance(array, np.ndarray):
+            raise TypeError(f"{OP}: {name} must be a numpy array, got {type(array).__name__}")
+        if tuple(array.shape) != tuple(shape) or array.dtype.name != dtype:
+            raise ValueError(f"{OP}: {name} must have shape {tuple(shape)} and dtype {dtype} "
+                             f"(the executor was prepared for them), got shape "
+                             f"{tuple(array.shape)} dtype {array.dtype.name}")
+        return array
+
+    def __call__(self, grad_output: np.ndarray, input: np.ndarray, weight: np.ndarray
+                 ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+        p = self.params
+        go = self._check("grad_output", grad_output, p.grad_output_shape, p.grad_output_dtype)
+        x = self._check("input", input, p.input_shape, p.input_dtype)
+        w = self._check("weight", weight, p.weight_shape, p.weight_dtype)
+
+        def as5(a: np.ndarray, shape5: tuple) -> np.ndarray:
+            a = a if a.dtype.name == p.dtype else a.astype(p.dtype)
+            return np.ascontiguousarray(a).reshape(shape5)
+
+        go5, x5, w5 = as5(go, p.grad_output_shape5), as5(x, p.input_shape5), as5(w, p.weight_shape5)
+        grad_input = grad_weight = grad_bias = None
+        if "grad_input" in self.kernels:
+            grad_input = self.kernels["grad_input"](go5, w5).reshape(p.input_shape)
+            grad_input = grad_input.astype(p.grad_input_dtype, copy=False)
+        if "grad_weight" in self.kernels:
+            args = (go5, x5) if p.transposed else (x5, go5)
+            grad_weight = self.kernels["grad_weight"](*args).reshape(p.weight_shape)
+            grad_weight = grad_weight.astype(p.grad_weight_dtype, copy=False)
+        if p.output_mask[2]:
+            axes = (0, *range(2, go.ndim))
+            grad_bias = go.sum(axis=axes, dtype=np.float32).astype(p.grad_bias_dtype)
+        return grad_input, grad_weight, grad_bias
+
+
+def _cached(cache: KernelCache, kind: str, conv: kernels.Conv3d, prec: kernels.Precision,
+            target: Target, transposed: bool = False) -> Kernel:
+    if kind == "grad_input":
+        graph = lambda: kernels.grad_input(conv, prec)  # noqa: E731
+    elif kind == "forward":
+        graph = lambda: kernels.forward(conv, prec)  # noqa: E731
+    elif transposed:  # x = grad_output, dy = input
+        graph = lambda: kernels.grad_weight(  # noqa: E731
+            conv, prec, names=("grad_output", "input", "grad_weight"))
+    else:
+        graph = lambda: kernels.grad_weight(conv, prec)  # noqa: E731
+    fields = {"kernel": kind, "transposed": transposed, "conv": asdict(conv),
+              "precision": asdict(prec)}
+
+    def build(output_dir, kernel_name):
+        kernels.build(graph(), target, output_dir, kernel_name, OP,
+                      {"kernel": kind, **fields["conv"], **fields["precision"]})
+
+    return cache.get(OP, fields, target, build)
+
+
+def prepare_convolution_backward(grad_output: Any, input: Any, weight: Any, *,
+                                 bias_sizes: Sequence[int] | None, stride: Any, padding: Any,
+                                 dilation: Any, transposed: bool = False,
+                                 output_padding: Any = 0, groups: int = 1,
+                                 output_mask: Sequence[bool] = (True, True, True),
+                                 cube_math_type: int = 0, target: Any = None,
+                                 cache: KernelCache | None = None
+                                 ) -> ConvolutionBackwardExecutor:
+    """Validate and compile once (aclnn's GetWorkspaceSize phase); see ``convolution_backward``.
+
+    ``grad_output``, ``input`` and ``weight`` may be the arrays or anything with ``.shape`` and
+    ``.dtype`` (only those are read). Returns an executor to call with the arrays.
+    """
+    shapes = {n: a for n, a in (("grad_output", grad_output), ("input", input),
+                                 ("weight", weight))}
+    dtypes = {n: _dtype_name(OP, n, a) for n, a in shapes.items()}
+    p = convolution_backward_params(
+        tuple(grad_output.shape), dtypes["grad_output"], tuple(input.shape), dtypes["input"],
+        tuple(weight.shape), dtypes["weight"], bias_sizes=bias_sizes, stride=stride,
+        padding=padding, dilation=dilation, transposed=transposed,
+        output_padding=output_padding, groups=groups, output_mask=output_mask,
+        cube_math_type=cube_math_type)
+    return ConvolutionBackwardExecutor(p, _target(OP, target), cache or default_cache)
+
+
+def convolution_backward(grad_output: np.ndarray, input: np.ndarray, weight: np.ndarray, *,
+                         bias_sizes: Sequence[int] | None, stride: Any, padding: Any,
+                         dilation: Any, transposed: bool = False, output_padding: Any = 0,
+                         groups: int = 1, output_mask: Sequence[bool] = (True, True, True),
+                         cube_math_type: int = 0, target: Any = None,
+                         cache: KernelCache | None = None
+                         ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+    """The gradients of a convolution, as ``aten.convolution_backward`` / aclnn.
+
+    Parameters
+    ----------
+    grad_output, input, weight : numpy.ndarray
+        NCL, NCHW or NCDHW (all the same rank); float32, float16 or ``ml_dtypes.bfloat16``.
+        ``weight`` is ``(Cout, Cin/groups, k...)``, or ``(Cin, Cout/groups, k...)`` when
+        ``transposed``.
+    bias_sizes : sequence of int or None
+        ``[Cout]`` of the forward bias (checked when given).
+    stride, padding, dilation, output_padding : int or sequence
+        Per spatial axis (an int or a one-entry sequence applies to all); a 2D ``padding`` may
+        have 4 entries ``[top, bottom, left, right]``.
+    transposed : bool
+        Differentiate a transposed convolution.
+    groups : int
+    output_mask : 3 bools
+        Which of (grad_input, grad_weight, grad_bias) to compute; the others are ``None``.
+    cube_math_type : {0, 1, 2, 3}
+        0 keep dtype, 1 allow float32 -> bfloat16, 2 float16, 3 HF32 (see the module notes).
+    target : None, "llvm", "cuda", dict or tvm Target
+        Where the kernels run (default: this CPU).
+    cache : KernelCache, optional
+        Default: the per-user cache (``$TBE_LIKE_CACHE_DIR`` or ``~/.cache/tbe_like``).
+
+    Returns
+    -------
+    (grad_input, grad_weight, grad_bias)
+        Arrays shaped like input, weight and ``(Cout,)``; ``None`` where masked off.
+    """
+    executor = prepare_convolution_backward(
+        grad_output, input, weight, bias_sizes=bias_sizes, stride=stride, padding=padding,
+        dilation=dilation, transposed=transposed, output_padding=output_padding, groups=groups,
+        output_mask=output_mask, cube_math_type=cube_math_type, target=target, cache=cache)
+    return executor(grad_output, input, weight)

@@ -1,0 +1,225 @@
+"""The compiled kernels behind the framework-level operators.
+
+Each kernel takes the user's arrays as they are (NCDHW, or NHWC for DeconvGradFilter) and
+returns the user's layout: ``layout_in_*`` stages pack the operands into 6HD / FRACTAL_Z_3D (and
+convert their precision for ``cube_math_type``), the DSL operators' stages compute, and a
+``layout_out_*`` stage unpacks. All of it is one PrimFunc, scheduled by the operator's rule plus
+``schedules.layout`` and compiled once.
+
+Every gradient is one of three cores on a forward convolution ``x -> y`` (:class:`Conv3d`):
+
+* ``grad_input``  dX from dy and W (``compute.conv3d_backprop_input``);
+* ``grad_weight`` dW from x and dy (``compute.conv3d_backprop_filter``);
+* ``forward``     y from x and W (``compute.conv3d_forward``), the input gradient of a
+  transposed convolution.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .. import compute, stages
+from .._tvm import IRModule, Target, s_tir, te, tvm
+from ..compute import layout as lt
+from ..compute.conv3d_backprop_input import conv3d_forward
+from ..groups import GroupInfo, group_info
+from ..kernel import Kernel, TensorSpec, export_kernel
+from ..params import (
+    FILTER_OP,
+    INPUT_OP,
+    BackpropFilterParams,
+    BackpropInputParams,
+    ConvGeometry,
+)
+
+C0 = 16
+ACC_DTYPE = "float32"
+
+
+@dataclass(frozen=True)
+class Conv3d:
+    """A forward 3D convolution ``x (N, cin, *in_spatial) -> y (N, cout, *out_spatial)``.
+
+    ``pads`` is (front, back, top, bottom, left, right); the weight is
+    ``(cout, cin/groups, *kernel)``.
+    """
+
+    batch: int
+    cin: int
+    cout: int
+    in_spatial: tuple[int, int, int]
+    out_spatial: tuple[int, int, int]
+    kernel: tuple[int, int, int]
+    strides: tuple[int, int, int]
+    pads: tuple[int, int, int, int, int, int]
+    dilations: tuple[int, int, int]
+    groups: int
+
+    @property
+    def x_shape(self) -> tuple[int, ...]:
+        return (self.batch, self.cin, *self.in_spatial)
+
+    @property
+    def y_shape(self) -> tuple[int, ...]:
+        return (self.batch, self.cout, *self.out_spatial)
+
+    @property
+    def w_shape(self) -> tuple[int, ...]:
+        return (self.cout, self.cin // self.groups, *self.kernel)
+
+    def flops(self) -> int:
+        return (2 * self.batch * self.cout * math.prod(self.out_spatial)
+                * (self.cin // self.groups) * math.prod(self.kernel))
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What the operands are converted to before the multiply-adds (float32 accumulation).
+
+    ``dtype`` is the arrays' dtype (and the results'); ``compute`` the operand dtype of the
+    cores; ``hf32`` rounds float32 operands to 10 mantissa bits first.
+    """
+
+    dtype: str
+    compute: str
+    hf32: bool = False
+
+    def convert(self):
+        if self.hf32:
+            return lt.round_to_hf32
+        if self.compute == self.dtype:
+            return lambda value: value
+        return lt.cast_to(self.compute)
+
+
+@dataclass
+class Graph:
+    """A kernel's tensors: its inputs (argument order), its output, the core and its params."""
+
+    op: str
+    params: object
+    inputs: list
+    output: te.Tensor
+    layouts: list[str] = field(default_factory=list)  # of the inputs, then of the output
+
+
+def _geometry(conv: Conv3d, group: GroupInfo, batch: int, in_spatial, out_spatial
+              ) -> ConvGeometry:
+    return ConvGeometry(batch, tuple(in_spatial), tuple(out_spatial), conv.kernel, conv.strides,
+                        conv.pads, conv.dilations, group, C0)
+
+
+def _placeholder(shape, name: str, dtype: str) -> te.Tensor:
+    return te.placeholder(tuple(shape), name=name, dtype=dtype)
+
+
+def grad_input(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "grad_input"),
+               ) -> Graph:
+    """dX of ``conv``: ``(dy (N, cout, ...), W (cout, cin/g, k...)) -> (N, cin, ...)``."""
+    dy = _placeholder(conv.y_shape, names[0], prec.dtype)
+    w = _placeholder(conv.w_shape, names[1], prec.dtype)
+    convert, cd = prec.convert(), prec.compute
+    group = group_info(conv.cin, conv.cout, conv.groups, cin0=C0)
+    dy6 = lt.pack_6hd(dy, False, C0, cd, convert, names[0])
+    w6 = lt.pack_fractal_z_3d(lambda co, ci, a, b, c: convert(w[co, ci, a, b, c]), cd, group,
+                              conv.kernel, C0, names[1])
+    p = BackpropInputParams(
+        _geometry(conv, group, conv.batch, conv.in_spatial, conv.out_spatial),
+        tuple(int(s) for s in w6.shape), tuple(int(s) for s in dy6.shape),
+        (conv.batch, *conv.in_spatial, conv.cin), cd, ACC_DTYPE, names[2], None, None, {})
+    res = compute.conv3d_backprop_input(w6, dy6, p)
+    out = lt.unpack_6hd(res, conv.cin, conv.in_spatial[2], prec.dtype, names[2])
+    return Graph(INPUT_OP, p, [dy, w], out, ["NCDHW", "NCDHW", "NCDHW"])
+
+
+def forward(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "grad_input")
+            ) -> Graph:
+    """y of ``conv``: ``(x (N, cin, ...), W (cout, cin/g, k...)) -> (N, cout, ...)``.
+
+    The core takes W with its channel axes swapped per group (``(cin, cout/g)``): the pack
+    stage reads it that way.
+    """
+    x = _placeholder(conv.x_shape, names[0], prec.dtype)
+    w = _placeholder(conv.w_shape, names[1], prec.dtype)
+    convert, cd = prec.convert(), prec.compute
+    # Core roles: "dy" = x (cin channels), output = y (cout channels).
+    group = group_info(conv.cout, conv.cin, conv.groups, cin0=C0)
+    cin_pg, cout_pg = conv.cin // conv.groups, conv.cout // conv.groups
+
+    def swapped(co, ci, a, b, c):  # co: a channel of x; ci: a channel of y within its group
+        return convert(w[co // cin_pg * cout_pg + ci, co % cin_pg, a, b, c])
+
+    x6 = lt.pack_6hd(x, False, C0, cd, convert, names[0])
+    w6 = lt.pack_fractal_z_3d(swapped, cd, group, conv.kernel, C0, names[1])
+    p = BackpropInputParams(
+        _geometry(conv, group, conv.batch, conv.out_spatial, conv.in_spatial),
+        tuple(int(s) for s in w6.shape), tuple(int(s) for s in x6.shape),
+        (conv.batch, *conv.out_spatial, conv.cout), cd, ACC_DTYPE, names[2], None, None, {})
+    res = conv3d_forward(w6, x6, p)
+    out = lt.unpack_6hd(res, conv.cout, conv.out_spatial[2], prec.dtype, names[2])
+    return Graph(INPUT_OP, p, [x, w], out, ["NCDHW", "NCDHW", "NCDHW"])
+
+
+def grad_weight(conv: Conv3d, prec: Precision, names=("input", "grad_output", "grad_weight"),
+                channels_last: bool = False, out_layout=None) -> Graph:
+    """dW of ``conv``: ``(x (N, cin, ...), dy (N, cout, ...)) -> (cout, cin/g, k...)``.
+
+    ``channels_last`` takes x and dy as ``(N, D, H, W, C)``; ``out_layout`` is
+    ``(shape, index, name)`` for another result layout (see ``unpack_filter_gradient``).
+    """
+    def nd(shape):
+        return (shape[0], *shape[2:], shape[1]) if channels_last else shape
+
+    x = _placeholder(nd(conv.x_shape), names[0], prec.dtype)
+    dy = _placeholder(nd(conv.y_shape), names[1], prec.dtype)
+    convert, cd = prec.convert(), prec.compute
+    group = group_info(conv.cin, conv.cout, conv.groups, cin0=C0)
+    x6 = lt.pack_6hd(x, channels_last, C0, cd, convert, names[0])
+    dy6 = lt.pack_6hd(dy, channels_last, C0, cd, convert, names[1])
+    p = BackpropFilterParams(
+        _geometry(conv, group, conv.batch, conv.in_spatial, conv.out_spatial),
+        tuple(int(s) for s in x6.shape), tuple(int(s) for s in dy6.shape), cd, ACC_DTYPE,
+        names[2], {})
+    res = compute.conv3d_backprop_filter(x6, dy6, p)
+    if out_layout is None:
+        shape, index, layout = conv.w_shape, (lambda *i: i), "NCDHW"
+    else:
+        shape, index, layout = out_layout
+    out = lt.unpack_filter_gradient(res, shape, index, prec.dtype, group, conv.kernel, names[2])
+    in_layout = "NDHWC" if channels_last else "NCDHW"
+    return Graph(FILTER_OP, p, [x, dy], out, [in_layout, in_layout, layout])
+
+
+def workspace_bytes(mod: IRModule) -> int:
+    """Bytes of the intermediate buffers a scheduled kernel allocates (its workspace)."""
+    total = 0
+    for buf in mod["main"].body.block.alloc_buffers:
+        total += math.prod(int(s) for s in buf.shape) * tvm.DataType(buf.dtype).bits // 8
+    return total
+
+
+def build(graph: Graph, target: Target, output_dir, kernel_name: str, op: str,
+          para_dict: dict) -> Kernel:
+    """Schedule (operator rule + layout stages), compile and export ``graph``."""
+    from .. import schedules  # the rules register themselves on import
+    from ..schedules.layout import schedule_layout_stages
+
+    func = te.create_prim_func([*graph.inputs, graph.output]).with_attr("global_symbol",
+                                                                          kernel_name)
+    sch = s_tir.Schedule(IRModule({"main": func}))
+    sch = schedules.apply_schedule(sch, graph.op, graph.params, target)
+    if str(target.kind.name) == "llvm":
+        schedule_layout_stages(sch, target)
+    mod = sch.mod
+    executable = tvm.compile(mod, target=target)
+    tensors = [*graph.inputs, graph.output]
+    specs = [TensorSpec(t.op.name, tuple(int(s) for s in t.shape), str(t.dtype), layout)
+             for t, layout in zip(tensors, graph.layouts, strict=True)]
+    para = dict(para_dict, workspace_bytes=workspace_bytes(mod))
+    return export_kernel(executable, output_dir, kernel_name, op, target, specs[:-1],
+                         specs[-1:], para)
+
+
+__all__ = ["C0", "Conv3d", "Graph", "Precision", "build", "forward", "grad_input",
+           "grad_weight", "stages", "workspace_bytes"]
