@@ -35,30 +35,49 @@ def cast_to(dtype: str) -> Convert:
     return lambda value: value.astype(dtype)
 
 
-def round_to_hf32(value: Any) -> Any:
-    """A float32 rounded to nearest-even at 10 mantissa bits (HF32 / TF32 precision).
+def round_mantissa(value: Any, dropped_bits: int) -> Any:
+    """A float32 rounded to nearest-even with its last ``dropped_bits`` mantissa bits zero.
 
-    Inf and NaN pass through unchanged apart from NaN payload bits.
+    13 gives HF32/TF32 (10-bit mantissa), 16 gives bfloat16's values. The result stays float32:
+    TVM's LLVM backend keeps internal bfloat16 buffers as float32 on CPUs without native
+    bfloat16 (a cast to bfloat16 and back is folded away), so this rounding is what makes the
+    operands really lose the precision. Inf and NaN pass through unchanged.
     """
-    bits = tirx.reinterpret("uint32", value)
-    one, half = tirx.const(1, "uint32"), tirx.const(0xFFF, "uint32")
-    lsb = tirx.bitwise_and(tirx.shift_right(bits, tirx.const(13, "uint32")), one)
-    rounded = tirx.bitwise_and(bits + half + lsb, tirx.const(0xFFFFE000, "uint32"))
-    finite = tirx.bitwise_and(bits, tirx.const(0x7F800000, "uint32")) != tirx.const(
-        0x7F800000, "uint32")
+    u32 = "uint32"
+    bits = tirx.reinterpret(u32, value)
+    one = tirx.const(1, u32)
+    half = tirx.const((1 << (dropped_bits - 1)) - 1, u32)
+    lsb = tirx.bitwise_and(tirx.shift_right(bits, tirx.const(dropped_bits, u32)), one)
+    mask = tirx.const((0xFFFFFFFF >> dropped_bits) << dropped_bits, u32)
+    rounded = tirx.bitwise_and(bits + half + lsb, mask)
+    exponent = tirx.const(0x7F800000, u32)
+    finite = tirx.bitwise_and(bits, exponent) != exponent
     return tirx.reinterpret("float32", tirx.if_then_else(finite, rounded, bits))
 
 
+def round_to_hf32(value: Any) -> Any:
+    """HF32 (TF32-like): float32 with a 10-bit mantissa, nearest-even."""
+    return round_mantissa(value, 13)
+
+
+def round_to_bf16(value: Any) -> Any:
+    """bfloat16's value of a float32 (nearest-even), kept in float32."""
+    return round_mantissa(value, 16)
+
+
 def pack_6hd(t: te.Tensor, channels_last: bool, c0: int, dtype: str, convert: Convert,
-             tensor: str) -> te.Tensor:
+             tensor: str, extent: Sequence[int] | None = None) -> te.Tensor:
     """``(N, C, D, H, W)`` (or ``(N, D, H, W, C)``) into ``(N, D, C1, H, W, C0)``, zero-padded.
 
-    ``convert`` turns a read of ``t`` into ``dtype``.
+    ``convert`` turns a read of ``t`` into ``dtype``; ``extent`` (D, H, W) keeps only the
+    leading rows of each spatial axis (the rest are never read by the operator).
     """
     if channels_last:
         n, d, h, w, c = (int(s) for s in t.shape)
     else:
         n, c, d, h, w = (int(s) for s in t.shape)
+    if extent is not None:
+        d, h, w = (min(int(e), s) for e, s in zip(extent, (d, h, w), strict=True))
     c1 = -(-c // c0)
     zero = tirx.const(0, dtype)
 

@@ -77,7 +77,7 @@ class Conv3d:
 class Precision:
     """What the operands are converted to before the multiply-adds (float32 accumulation).
 
-    ``dtype`` is the arrays' dtype (and the results'); ``compute`` the operand dtype of the
+    ``dtype`` is the arrays' dtype (and the results'); ``compute`` the operand precision of the
     cores; ``hf32`` rounds float32 operands to 10 mantissa bits first.
     """
 
@@ -85,9 +85,21 @@ class Precision:
     compute: str
     hf32: bool = False
 
+    @property
+    def _rounded_in_float32(self) -> bool:
+        # float32 -> bfloat16 is done as rounding in float32 (see layout.round_mantissa).
+        return self.hf32 or (self.dtype == "float32" and self.compute == "bfloat16")
+
+    @property
+    def core_dtype(self) -> str:
+        """The dtype of the packed operands the cores read."""
+        return "float32" if self._rounded_in_float32 else self.compute
+
     def convert(self):
         if self.hf32:
             return lt.round_to_hf32
+        if self._rounded_in_float32:
+            return lt.round_to_bf16
         if self.compute == self.dtype:
             return lambda value: value
         return lt.cast_to(self.compute)
@@ -119,7 +131,7 @@ def grad_input(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "g
     """dX of ``conv``: ``(dy (N, cout, ...), W (cout, cin/g, k...)) -> (N, cin, ...)``."""
     dy = _placeholder(conv.y_shape, names[0], prec.dtype)
     w = _placeholder(conv.w_shape, names[1], prec.dtype)
-    convert, cd = prec.convert(), prec.compute
+    convert, cd = prec.convert(), prec.core_dtype
     group = group_info(conv.cin, conv.cout, conv.groups, cin0=C0)
     dy6 = lt.pack_6hd(dy, False, C0, cd, convert, names[0])
     w6 = lt.pack_fractal_z_3d(lambda co, ci, a, b, c: convert(w[co, ci, a, b, c]), cd, group,
@@ -142,7 +154,7 @@ def forward(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "grad
     """
     x = _placeholder(conv.x_shape, names[0], prec.dtype)
     w = _placeholder(conv.w_shape, names[1], prec.dtype)
-    convert, cd = prec.convert(), prec.compute
+    convert, cd = prec.convert(), prec.core_dtype
     # Core roles: "dy" = x (cin channels), output = y (cout channels).
     group = group_info(conv.cout, conv.cin, conv.groups, cin0=C0)
     cin_pg, cout_pg = conv.cin // conv.groups, conv.cout // conv.groups
@@ -162,20 +174,23 @@ def forward(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "grad
 
 
 def grad_weight(conv: Conv3d, prec: Precision, names=("input", "grad_output", "grad_weight"),
-                channels_last: bool = False, out_layout=None) -> Graph:
+                channels_last: bool = False, out_layout=None, x_spatial=None) -> Graph:
     """dW of ``conv``: ``(x (N, cin, ...), dy (N, cout, ...)) -> (cout, cin/g, k...)``.
 
     ``channels_last`` takes x and dy as ``(N, D, H, W, C)``; ``out_layout`` is
-    ``(shape, index, name)`` for another result layout (see ``unpack_filter_gradient``).
+    ``(shape, index, name)`` for another result layout (see ``unpack_filter_gradient``);
+    ``x_spatial`` is the spatial shape of the x array when the convolution reads only its
+    leading ``conv.in_spatial`` rows.
     """
     def nd(shape):
         return (shape[0], *shape[2:], shape[1]) if channels_last else shape
 
-    x = _placeholder(nd(conv.x_shape), names[0], prec.dtype)
+    x_shape = conv.x_shape if x_spatial is None else (*conv.x_shape[:2], *x_spatial)
+    x = _placeholder(nd(x_shape), names[0], prec.dtype)
     dy = _placeholder(nd(conv.y_shape), names[1], prec.dtype)
-    convert, cd = prec.convert(), prec.compute
+    convert, cd = prec.convert(), prec.core_dtype
     group = group_info(conv.cin, conv.cout, conv.groups, cin0=C0)
-    x6 = lt.pack_6hd(x, channels_last, C0, cd, convert, names[0])
+    x6 = lt.pack_6hd(x, channels_last, C0, cd, convert, names[0], extent=conv.in_spatial)
     dy6 = lt.pack_6hd(dy, channels_last, C0, cd, convert, names[1])
     p = BackpropFilterParams(
         _geometry(conv, group, conv.batch, conv.in_spatial, conv.out_spatial),

@@ -1,0 +1,116 @@
+"""``deconv_grad_filter``: the weight gradient of a transposed 2D convolution (seed 002), NHWC.
+
+``dw[g, (co*kh + kr)*kw + kc, ci] = sum over b, r < in_h, c < in_w of
+dy[b, r*sh - pad_u + kr*dh, c*sw - pad_l + kc*dw, g*out_c/G + co] * x[b, r, c, g*in_c/G + ci]``
+(reads outside dy are 0). This is the weight-gradient core on the ordinary convolution
+``dy -> x`` (dy in the role of the feature map, x in the role of the output gradient), with D = 1:
+one kernel packs the two NHWC arrays into 6HD, reduces, and unpacks the result into
+``(group, out_c/group*kh*kw, in_c/group)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..cache import KernelCache, default_cache
+from . import kernels
+from .convolution_backward import _target
+from .params import DECONV_OP, DeconvGradFilterParams, deconv_grad_filter_params
+
+
+def conv_of(p: DeconvGradFilterParams) -> kernels.Conv3d:
+    """The ordinary convolution ``dy[:, :dy_extent] -> x`` of the 3D core (``D = 1``)."""
+    (b, _, _, out_c), (_, in_h, in_w, in_c) = p.dy_shape, p.x_shape
+    return kernels.Conv3d(batch=b, cin=out_c, cout=in_c, in_spatial=(1, *p.dy_extent),
+                          out_spatial=(1, in_h, in_w), kernel=(1, *p.kernel),
+                          strides=(1, *p.stride), pads=p.conv_pads,
+                          dilations=(1, *p.dilation), groups=p.group)
+
+
+def _graph(p: DeconvGradFilterParams) -> kernels.Graph:
+    conv = conv_of(p)
+    kh, kw = p.kernel
+    cout_pg = conv.cout // conv.groups  # in_c / group
+
+    def index(g, row, ci):
+        # Output [g, (co*kh + kr)*kw + kc, ci] is the core's W[g*in_c/G + ci, co, 0, kr, kc].
+        return g * cout_pg + ci, row // (kh * kw), 0, row // kw % kh, row % kw
+
+    return kernels.grad_weight(
+        conv, kernels.Precision(p.dtype, p.dtype), names=("dy", "x", "dw"),
+        channels_last=True, out_layout=(p.out_shape, index, "G,CoKhKw,Ci"),
+        x_spatial=(1, *p.dy_shape[1:3]))
+
+
+class DeconvGradFilterExecutor:
+    """The compiled kernel for one set of shapes and parameters; call it with ``(dy, x)``."""
+
+    def __init__(self, p: DeconvGradFilterParams, target, cache: KernelCache):
+        self.params = p
+        self.target = target
+        fields = {"params": p.as_dict()}
+
+        def build(output_dir, kernel_name):
+            kernels.build(_graph(p), target, output_dir, kernel_name, DECONV_OP,
+                          {"params": p.seed_params(), "dtype": p.dtype})
+
+        self.kernel = cache.get(DECONV_OP, fields, target, build)
+        self.workspace_size = int(self.kernel.metadata["para_dict"].get("workspace_bytes", 0))
+
+    def __call__(self, dy: np.ndarray, x: np.ndarray) -> np.ndarray:
+        p = self.params
+        for name, a, shape in (("dy", dy, p.dy_shape), ("x", x, p.x_shape)):
+            if not isinstance(a, np.ndarray):
+                raise TypeError(f"{DECONV_OP}: {name} must be a numpy array, got "
+                                f"{type(a).__name__}")
+            if tuple(a.shape) != tuple(shape) or a.dtype.name != p.dtype:
+                raise ValueError(f"{DECONV_OP}: {name} must have shape {tuple(shape)} and dtype "
+                                 f"{p.dtype} (the executor was prepared for them), got shape "
+                                 f"{tuple(a.shape)} dtype {a.dtype.name}")
+        b = p.dy_shape[0]
+        return self.kernel(np.ascontiguousarray(dy).reshape(b, 1, *p.dy_shape[1:]),
+                           np.ascontiguousarray(x).reshape(b, 1, *p.x_shape[1:]))
+
+
+def prepare_deconv_grad_filter(dy: Any, x: Any, *, kernel: Any, stride: Any, pad: Any,
+                               dilation: Any, group: int, target: Any = None,
+                               cache: KernelCache | None = None) -> DeconvGradFilterExecutor:
+    """Validate and compile once; ``dy`` and ``x`` may be arrays or have ``.shape``/``.dtype``."""
+    for name, a in (("dy", dy), ("x", x)):
+        if not hasattr(a, "shape") or not hasattr(a, "dtype"):
+            raise TypeError(f"{DECONV_OP}: {name} must be a numpy array, got "
+                            f"{type(a).__name__}")
+    p = deconv_grad_filter_params(tuple(dy.shape), np.dtype(dy.dtype).name, tuple(x.shape),
+                                  np.dtype(x.dtype).name, kernel=kernel, stride=stride, pad=pad,
+                                  dilation=dilation, group=group)
+    return DeconvGradFilterExecutor(p, _target(DECONV_OP, target), cache or default_cache)
+
+
+def deconv_grad_filter(dy: np.ndarray, x: np.ndarray, *, kernel: Any, stride: Any, pad: Any,
+                       dilation: Any, group: int, target: Any = None,
+                       cache: KernelCache | None = None) -> np.ndarray:
+    """DeconvGradFilter (seed 002): the filter gradient of a transposed 2D convolution.
+
+    Parameters
+    ----------
+    dy : numpy.ndarray
+        ``(B, out_h, out_w, out_c)`` NHWC, the gradient of the transposed convolution's output;
+        float16 or float32.
+    x : numpy.ndarray
+        ``(B, in_h, in_w, in_c)`` NHWC, its input; same dtype.
+    kernel, stride, pad, dilation : int or 2 ints
+        ``(kh, kw)``, ``(sh, sw)``, ``(pad_u, pad_l)``, ``(dh, dw)``.
+    group : int
+        Divides ``out_c`` and ``in_c``.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(group, out_c/group*kh*kw, in_c/group)`` in the inputs' dtype (accumulated in
+        float32), rows ordered (co, kh, kw) with kw fastest.
+    """
+    return prepare_deconv_grad_filter(dy, x, kernel=kernel, stride=stride, pad=pad,
+                                      dilation=dilation, group=group, target=target,
+                                      cache=cache)(dy, x)
