@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,3 +21,16 @@ def test_example_runs_and_checks(tmp_path, script):
     assert "max abs error" in done.stdout and "kernel time" in done.stdout
     built = sorted(p.suffix for p in (tmp_path / "kernel_meta").iterdir())
     assert built == [".json", ".so"]
+
+
+@pytest.mark.parametrize("script", ["convolution_backward.py", "deconv_grad_filter.py"])
+def test_operator_example_runs_and_caches(tmp_path, script):
+    """The framework-operator examples compile into the kernel cache (here a private one)."""
+    cache = tmp_path / "cache"
+    env = dict(os.environ, TBE_LIKE_CACHE_DIR=str(cache))
+    done = subprocess.run([sys.executable, str(EXAMPLES / script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip().endswith("OK")
+    assert "max abs error" in done.stdout and "kernel time" in done.stdout
+    assert sorted(cache.glob("*.so")) and not (tmp_path / "kernel_meta").exists()
