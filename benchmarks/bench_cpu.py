@@ -1,0 +1,179 @@
+"""tbe_like against PyTorch (oneDNN) on the CPU: convolution weight and input gradients.
+
+For each shape of the suite, both gradients are compiled once (``tbe_like.ops``; compile time
+reported), then tbe_like's kernel and ``torch.ops.aten.convolution_backward`` (output_mask
+selecting the same gradient, same NCDHW arrays, the same thread count) are timed side by side in
+this process; the median of repeated runs is reported as ms and GFLOP/s with the ratio
+torch_time / tbe_like_time (> 1: tbe_like is faster), plus geometric means. The table is also
+written as JSON (``--json``).
+
+    python -m pip install -e ".[bench]"
+    python benchmarks/bench_cpu.py [--quick] [--only NAME ...] [--json bench_cpu.json]
+
+tbe_like's time is the kernel on the user's NCDHW arrays (packing and unpacking happen inside
+it); host-side array copies are not counted, for either side. Seed 000's asymmetric H/W pads
+(0, 1) are given to both as a 73x73 input with no padding (the same arithmetic): PyTorch's
+padding is symmetric.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    n: int
+    cin: int
+    spatial: tuple
+    cout: int
+    kernel: tuple
+    stride: int
+    pad: int
+    dilation: int = 1
+    groups: int = 1
+    dtype: str = "float32"
+
+    def out_spatial(self):
+        return tuple((i + 2 * self.pad - self.dilation * (k - 1) - 1) // self.stride + 1
+                     for i, k in zip(self.spatial, self.kernel, strict=True))
+
+    def flops(self) -> int:
+        return (2 * self.n * self.cout * math.prod(self.out_spatial()) * self.cin // self.groups
+                * math.prod(self.kernel))
+
+
+SUITE = [
+    Shape("seed000", 16, 16, (8, 73, 73), 16, (2, 3, 3), 2, 0),
+    Shape("resnet3d-56", 2, 64, (16, 56, 56), 128, (3, 3, 3), 1, 1),
+    Shape("large-64^3", 1, 32, (64, 64, 64), 32, (3, 3, 3), 1, 1),
+    Shape("stride2", 4, 64, (16, 28, 28), 128, (3, 3, 3), 2, 1),
+    Shape("depthwise", 4, 64, (16, 28, 28), 64, (3, 3, 3), 1, 1, groups=64),
+    Shape("groups4", 4, 64, (16, 28, 28), 64, (3, 3, 3), 1, 1, groups=4),
+    Shape("dilated2", 2, 32, (16, 32, 32), 32, (3, 3, 3), 1, 2, dilation=2),
+    Shape("resnet3d-56-bf16", 2, 64, (16, 56, 56), 128, (3, 3, 3), 1, 1, dtype="bfloat16"),
+]
+QUICK = [Shape("quick", 2, 32, (8, 28, 28), 32, (3, 3, 3), 1, 1)]
+
+
+def _median_seconds(fn, repeat: int, budget: float) -> float:
+    fn()  # warm-up
+    times = []
+    start = time.perf_counter()
+    while len(times) < repeat and (len(times) < 2 or time.perf_counter() - start < budget):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def run(shapes, repeat: int, budget: float, torch_limit: float) -> list[dict]:
+    import torch
+
+    from tbe_like import ops
+    from tbe_like.target import host_target
+
+    rows = []
+    for s in shapes:
+        rng = np.random.default_rng(0)
+        dt = np.float32
+        if s.dtype == "bfloat16":
+            import ml_dtypes
+            dt = ml_dtypes.bfloat16
+        x = rng.standard_normal((s.n, s.cin, *s.spatial)).astype(dt)
+        w = rng.standard_normal((s.cout, s.cin // s.groups, *s.kernel)).astype(dt)
+        go = rng.standard_normal((s.n, s.cout, *s.out_spatial())).astype(dt)
+        params = dict(stride=[s.stride] * 3, padding=[s.pad] * 3, dilation=[s.dilation] * 3,
+                      transposed=False, output_padding=[0, 0, 0], groups=s.groups)
+        tdt = torch.bfloat16 if s.dtype == "bfloat16" else torch.float32
+        tx = torch.from_numpy(x.astype(np.float32)).to(tdt)
+        tw = torch.from_numpy(w.astype(np.float32)).to(tdt)
+        tgo = torch.from_numpy(go.astype(np.float32)).to(tdt)
+        for grad, mask in (("weight", (False, True, False)), ("input", (True, False, False))):
+            t0 = time.perf_counter()
+            ex = ops.prepare_convolution_backward(go, x, w, bias_sizes=None, output_mask=mask,
+                                                  **params)
+            compile_s = time.perf_counter() - t0
+            kernel = ex.kernels["grad_" + grad]
+            args = (go, w) if grad == "input" else (x, go)
+            ours = kernel.time(*args, repeat=repeat, min_seconds=0.0)
+
+            torch_call = functools.partial(
+                torch.ops.aten.convolution_backward, tgo, tx, tw, None, params["stride"],
+                params["padding"], params["dilation"], False, [0, 0, 0], s.groups, list(mask))
+
+            t0 = time.perf_counter()
+            torch_call()
+            once = time.perf_counter() - t0
+            theirs = once if once > torch_limit else _median_seconds(torch_call, repeat, budget)
+            gf = s.flops() / 1e9
+            rows.append({"shape": s.name, "gradient": grad, "dtype": s.dtype,
+                         "gflop": round(gf, 2), "compile_s": round(compile_s, 2),
+                         "tbe_like_ms": round(ours * 1e3, 2), "torch_ms": round(theirs * 1e3, 2),
+                         "tbe_like_gflops": round(gf / ours, 1),
+                         "torch_gflops": round(gf / theirs, 1),
+                         "ratio": round(theirs / ours, 2), "config": asdict(s),
+                         "target": str(host_target())})
+            r = rows[-1]
+            print(f"{s.name:18} {grad:6} {s.dtype:8} {r['tbe_like_ms']:10.2f} "
+                  f"{r['tbe_like_gflops']:8.1f} {r['torch_ms']:10.2f} {r['torch_gflops']:8.1f} "
+                  f"{r['ratio']:6.2f} {r['compile_s']:7.2f}", flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="one small shape (a smoke run)")
+    ap.add_argument("--only", nargs="*", help="shape names to run")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--budget", type=float, default=10.0, help="seconds per timing at most")
+    ap.add_argument("--torch-limit", type=float, default=30.0,
+                    help="time PyTorch once only when one call takes longer (seconds)")
+    ap.add_argument("--json", default="bench_cpu.json")
+    args = ap.parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        print("PyTorch is not installed: python -m pip install -e '.[bench]'", file=sys.stderr)
+        return 2
+    import tbe_like  # noqa: F401  (sets TVM_NUM_THREADS)
+    from tbe_like.target import cpu_count
+
+    threads = cpu_count()
+    torch.set_num_threads(threads)
+    shapes = QUICK if args.quick else SUITE
+    if args.only:
+        shapes = [s for s in shapes if s.name in args.only]
+    print(f"threads: tbe_like TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS')}, torch "
+          f"{torch.get_num_threads()} | torch {torch.__version__} | {platform.processor() or ''}"
+          f" {platform.machine()}")
+    print(f"{'shape':18} {'grad':6} {'dtype':8} {'tbe ms':>10} {'tbe GF/s':>8} {'torch ms':>10} "
+          f"{'torch GF/s':>8} {'ratio':>6} {'build s':>7}")
+    rows = run(shapes, args.repeat, args.budget, args.torch_limit)
+    summary = {}
+    for grad in ("weight", "input"):
+        ratios = [r["ratio"] for r in rows if r["gradient"] == grad]
+        if ratios:
+            summary[grad] = round(math.exp(statistics.mean(math.log(v) for v in ratios)), 2)
+            print(f"geometric mean torch/tbe_like, {grad} gradient: {summary[grad]:.2f}")
+    with open(args.json, "w") as f:
+        json.dump({"threads": threads, "torch": torch.__version__, "rows": rows,
+                   "geomean_ratio": summary}, f, indent=2)
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
