@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+# Pass as a rule's ``knobs`` to draw the knobs with ``sample_perfect_tile`` instead of fixing
+# them: the rule then describes a MetaSchedule search space (``tbe_like.tune``).
+SAMPLE = "sample"
+
 
 def divisors(n: int) -> list[int]:
     """The divisors of ``n`` in increasing order."""

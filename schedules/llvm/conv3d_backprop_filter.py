@@ -23,7 +23,7 @@ from tbe_like import stages
 from tbe_like.params import FILTER_OP, BackpropFilterParams
 from tbe_like.target import vector_lanes
 
-from ..common import divisors, fuse_parallel_vectorize, num_threads
+from ..common import SAMPLE, divisors, fuse_parallel_vectorize, num_threads
 from ..registry import register
 
 # Vector registers an x86 core can give to accumulators, leaving room for loads and broadcasts:
@@ -54,16 +54,24 @@ def default_knobs(p: BackpropFilterParams, lanes: int, threads: int) -> Knobs:
 
 
 @register(FILTER_OP, "llvm")
-def schedule(sch, p: BackpropFilterParams, target, knobs: Knobs | None = None):
-    knobs = knobs or default_knobs(p, vector_lanes(target), num_threads(target))
+def schedule(sch, p: BackpropFilterParams, target, knobs: Knobs | str | None = None):
+    """``knobs``: fixed tiles (default: :func:`default_knobs`) or ``SAMPLE`` (a search space:
+    the co split and the kw tile drawn with ``sample_perfect_tile``)."""
     sch.compute_inline(sch.get_sblock(stages.DW_FMAP_COL))
     sch.compute_inline(sch.get_sblock(stages.DW_DY_MATRIX))
     fuse_parallel_vectorize(sch, stages.DW_FMAP_PAD, n_parallel=2)
 
     mad = sch.get_sblock(stages.DW_MAD)
     grp, kd, ci1, kh, kw, co, ci0, n, do, ho, wo = sch.get_loops(mad)
-    co_p, co_m, co_i = sch.split(co, [knobs.co_par, None, knobs.co_tile])
-    kw_o, kw_i = sch.split(kw, [None, knobs.kw_tile])
+    if knobs == SAMPLE:
+        co_factors = sch.sample_perfect_tile(co, n=3, max_innermost_factor=8)
+        kw_factors = sch.sample_perfect_tile(kw, n=2, max_innermost_factor=p.geometry.kernel[2])
+    else:
+        knobs = knobs or default_knobs(p, vector_lanes(target), num_threads(target))
+        co_factors = [knobs.co_par, None, knobs.co_tile]
+        kw_factors = [None, knobs.kw_tile]
+    co_p, co_m, co_i = sch.split(co, co_factors)
+    kw_o, kw_i = sch.split(kw, kw_factors)
     sch.reorder(grp, co_p, n, do, ho, kd, ci1, kh, co_m, kw_o, wo, kw_i, co_i, ci0)
     sch.parallel(sch.fuse(grp, co_p))
     sch.vectorize(ci0)

@@ -22,7 +22,7 @@ from tbe_like import stages
 from tbe_like.params import INPUT_OP, BackpropInputParams
 from tbe_like.target import vector_lanes
 
-from ..common import block_names, divisors, fuse_parallel_vectorize
+from ..common import SAMPLE, block_names, divisors, fuse_parallel_vectorize
 from ..registry import register
 
 # Accumulator registers (as in the weight-gradient schedule): 32 zmm with AVX-512, else 16.
@@ -41,10 +41,14 @@ def default_knobs(p: BackpropInputParams, lanes: int, width: int | None = None) 
     return Knobs(max(d for d in divisors(width) if d <= budget))
 
 
-def _schedule_mad(sch, name: str, knobs: Knobs) -> None:
+def _schedule_mad(sch, name: str, knobs: Knobs | str) -> None:
     mad = sch.get_sblock(name)
     n, d, cb, h, w, ci0, co, a, b, c = sch.get_loops(mad)
-    w_o, w_i = sch.split(w, [None, knobs.w_tile])
+    if knobs == SAMPLE:
+        factors = sch.sample_perfect_tile(w, n=2, max_innermost_factor=16)
+    else:
+        factors = [None, knobs.w_tile]
+    w_o, w_i = sch.split(w, factors)
     sch.reorder(n, d, cb, h, w_o, a, b, c, co, w_i, ci0)
     sch.parallel(sch.fuse(n, d, cb))
     acc = sch.cache_write(mad, 0, "local")
@@ -55,8 +59,9 @@ def _schedule_mad(sch, name: str, knobs: Knobs) -> None:
 
 
 @register(INPUT_OP, "llvm")
-def schedule(sch, p: BackpropInputParams, target, knobs: Knobs | None = None):
-    """``knobs`` fixes the tile of every reduction; by default each gets its widest fit."""
+def schedule(sch, p: BackpropInputParams, target, knobs: Knobs | str | None = None):
+    """``knobs`` fixes the tile of every reduction (by default each gets its widest fit);
+    ``SAMPLE`` draws each reduction's tile with ``sample_perfect_tile`` (a search space)."""
     lanes = vector_lanes(target)
     names = block_names(sch)
     if stages.DX_DY_DILATE in names:

@@ -33,6 +33,7 @@ from .._tvm import Target
 from ..cache import KernelCache, default_cache
 from ..kernel import Kernel
 from ..target import resolve_target
+from ..tune import records_fingerprint
 from . import kernels
 from .params import OP, ConvolutionBackwardParams, convolution_backward_params
 
@@ -130,23 +131,26 @@ class ConvolutionBackwardExecutor:
         return grad_input, grad_weight, grad_bias
 
 
+def graph_of(kind: str, conv: kernels.Conv3d, prec: kernels.Precision,
+             transposed: bool = False) -> kernels.Graph:
+    """The kernel graph of one gradient: ``kind`` "grad_input", "forward" or "grad_weight"."""
+    if kind == "grad_input":
+        return kernels.grad_input(conv, prec)
+    if kind == "forward":
+        return kernels.forward(conv, prec)
+    if transposed:  # x = grad_output, dy = input
+        return kernels.grad_weight(conv, prec, names=("grad_output", "input", "grad_weight"))
+    return kernels.grad_weight(conv, prec)
+
+
 def _cached(cache: KernelCache, kind: str, conv: kernels.Conv3d, prec: kernels.Precision,
             target: Target, transposed: bool = False) -> Kernel:
-    if kind == "grad_input":
-        graph = lambda: kernels.grad_input(conv, prec)  # noqa: E731
-    elif kind == "forward":
-        graph = lambda: kernels.forward(conv, prec)  # noqa: E731
-    elif transposed:  # x = grad_output, dy = input
-        graph = lambda: kernels.grad_weight(  # noqa: E731
-            conv, prec, names=("grad_output", "input", "grad_weight"))
-    else:
-        graph = lambda: kernels.grad_weight(conv, prec)  # noqa: E731
     fields = {"kernel": kind, "transposed": transposed, "conv": asdict(conv),
-              "precision": asdict(prec)}
+              "precision": asdict(prec), "records": records_fingerprint()}
 
     def build(output_dir, kernel_name):
-        kernels.build(graph(), target, output_dir, kernel_name, OP,
-                      {"kernel": kind, **fields["conv"], **fields["precision"]})
+        kernels.build(graph_of(kind, conv, prec, transposed), target, output_dir, kernel_name,
+                      OP, {"kernel": kind, **fields["conv"], **fields["precision"]})
 
     return cache.get(OP, fields, target, build)
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..cache import KernelCache, default_cache
+from ..tune import records_fingerprint
 from . import kernels
 from .convolution_backward import _target
 from .params import DECONV_OP, DeconvGradFilterParams, deconv_grad_filter_params
@@ -50,7 +51,7 @@ class DeconvGradFilterExecutor:
     def __init__(self, p: DeconvGradFilterParams, target, cache: KernelCache):
         self.params = p
         self.target = target
-        fields = {"params": p.as_dict()}
+        fields = {"params": p.as_dict(), "records": records_fingerprint()}
 
         def build(output_dir, kernel_name):
             kernels.build(_graph(p), target, output_dir, kernel_name, DECONV_OP,

@@ -214,27 +214,41 @@ def workspace_bytes(mod: IRModule) -> int:
     return total
 
 
-def build(graph: Graph, target: Target, output_dir, kernel_name: str, op: str,
-          para_dict: dict) -> Kernel:
-    """Schedule (operator rule + layout stages), compile and export ``graph``."""
+def prim_func(graph: Graph):
+    """The unscheduled PrimFunc of a kernel (its tuning workload)."""
+    return te.create_prim_func([*graph.inputs, graph.output])
+
+
+def schedule(sch, graph: Graph, target: Target, knobs=None):
+    """The operator's rule (``knobs=SAMPLE``: its search space) plus the layout stages."""
     from .. import schedules  # the rules register themselves on import
     from ..schedules.layout import schedule_layout_stages
 
-    func = te.create_prim_func([*graph.inputs, graph.output]).with_attr("global_symbol",
-                                                                          kernel_name)
-    sch = s_tir.Schedule(IRModule({"main": func}))
-    sch = schedules.apply_schedule(sch, graph.op, graph.params, target)
+    sch = schedules.apply_schedule(sch, graph.op, graph.params, target, knobs)
     if str(target.kind.name) == "llvm":
         schedule_layout_stages(sch, target)
-    mod = sch.mod
+    return sch
+
+
+def build(graph: Graph, target: Target, output_dir, kernel_name: str, op: str,
+          para_dict: dict) -> Kernel:
+    """Schedule (the best tuning record, else the rule + layout stages), compile, export."""
+    from ..tune import lookup
+
+    func = prim_func(graph)
+    sch = lookup(func, target)
+    tuned = sch is not None
+    if not tuned:
+        sch = schedule(s_tir.Schedule(IRModule({"main": func})), graph, target)
+    mod = IRModule({"main": sch.mod["main"].with_attr("global_symbol", kernel_name)})
     executable = tvm.compile(mod, target=target)
     tensors = [*graph.inputs, graph.output]
     specs = [TensorSpec(t.op.name, tuple(int(s) for s in t.shape), str(t.dtype), layout)
              for t, layout in zip(tensors, graph.layouts, strict=True)]
-    para = dict(para_dict, workspace_bytes=workspace_bytes(mod))
+    para = dict(para_dict, workspace_bytes=workspace_bytes(mod), tuned=tuned)
     return export_kernel(executable, output_dir, kernel_name, op, target, specs[:-1],
                          specs[-1:], para)
 
 
 __all__ = ["C0", "Conv3d", "Graph", "Precision", "build", "forward", "grad_input",
-           "grad_weight", "stages", "workspace_bytes"]
+           "grad_weight", "prim_func", "schedule", "stages", "workspace_bytes"]

@@ -1,0 +1,97 @@
+"""Tuning: the templates as search spaces, and records applied by builds."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from tbe_like.schedules.common import SAMPLE
+
+from tbe_like import ops
+from tbe_like._tvm import IRModule, s_tir, tvm
+from tbe_like.cache import KernelCache
+from tbe_like.ops import kernels
+from tbe_like.ops.convolution_backward import graph_of
+from tbe_like.target import host_target
+from tbe_like.testing import reference as ref
+from tbe_like.tune import lookup, records_fingerprint
+
+CONV = kernels.Conv3d(batch=2, cin=16, cout=32, in_spatial=(3, 7, 8), out_spatial=(2, 4, 4),
+                      kernel=(2, 3, 3), strides=(1, 2, 2), pads=(0, 0, 1, 1, 1, 0),
+                      dilations=(1, 1, 1), groups=1)
+
+
+def _run(mod, target, arrays, out_shape, dtype):
+    ex = tvm.compile(mod, target=target)
+    dev = tvm.runtime.cpu(0)
+    args = [tvm.runtime.tensor(a, dev) for a in arrays]
+    out = tvm.runtime.empty(out_shape, dtype, dev)
+    ex["main"](*args, out)
+    return out.numpy()
+
+
+@pytest.mark.parametrize("kind", ["grad_weight", "grad_input"])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_every_sampled_schedule_is_correct(kind, seed):
+    """Whatever tiles MetaSchedule draws from a template, the kernel computes the same thing."""
+    target = host_target()
+    graph = graph_of(kind, CONV, kernels.Precision("float32", "float32"))
+    sch = s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)}), seed=seed)
+    sch = kernels.schedule(sch, graph, target, knobs=SAMPLE)
+    decisions = [str(i) for i in sch.trace.insts if "Sample" in str(i.kind.name)]
+    assert decisions  # the template is a search space, not a fixed schedule
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(CONV.x_shape).astype(np.float32)
+    w = rng.standard_normal(CONV.w_shape).astype(np.float32)
+    dy = rng.standard_normal(CONV.y_shape).astype(np.float32)
+    if kind == "grad_weight":
+        got = _run(sch.mod, target, [x, dy], CONV.w_shape, "float32")
+        want = ref.conv3d_backprop_filter(x, dy, CONV.kernel, CONV.strides, CONV.pads,
+                                          CONV.dilations)
+    else:
+        got = _run(sch.mod, target, [dy, w], CONV.x_shape, "float32")
+        want = ref.conv3d_backprop_input(dy, w, CONV.in_spatial, CONV.strides, CONV.pads,
+                                         CONV.dilations)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
+
+
+def test_no_records_means_the_default_template(tmp_path, monkeypatch):
+    monkeypatch.setenv("TBE_LIKE_RECORDS", str(tmp_path / "none"))
+    monkeypatch.setenv("TBE_LIKE_CACHE_DIR", str(tmp_path / "cache"))
+    graph = graph_of("grad_weight", CONV, kernels.Precision("float32", "float32"))
+    assert lookup(kernels.prim_func(graph), host_target()) is None
+
+
+@pytest.mark.slow
+def test_tune_command_writes_records_that_builds_apply(tmp_path):
+    records = tmp_path / "records"
+    env = dict(os.environ, TBE_LIKE_CACHE_DIR=str(tmp_path / "cache"))
+    done = subprocess.run(
+        [sys.executable, "-m", "tbe_like", "tune", "--gradient", "weight", "--input",
+         "1,16,3,8,8", "--cout", "16", "--kernel", "3", "--padding", "1", "--trials", "4",
+         "--per-iter", "2", "--records", str(records)],
+        capture_output=True, text=True, timeout=900, env=env, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (records / "database_tuning_record.json").stat().st_size > 0
+    before = records_fingerprint()
+    os.environ["TBE_LIKE_RECORDS"] = str(records)
+    try:
+        assert records_fingerprint() != before
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((1, 16, 3, 8, 8)).astype(np.float32)
+        w = rng.standard_normal((16, 16, 3, 3, 3)).astype(np.float32)
+        go = rng.standard_normal((1, 16, 3, 8, 8)).astype(np.float32)
+        ex = ops.prepare_convolution_backward(go, x, w, bias_sizes=None, stride=1, padding=1,
+                                              dilation=1, output_mask=(False, True, False),
+                                              cache=KernelCache(tmp_path / "kc"))
+        assert ex.kernels["grad_weight"].metadata["para_dict"]["tuned"] is True
+        want = ref.convolution_backward(go, x, w, stride=1, padding=1, dilation=1,
+                                        transposed=False, output_padding=0, groups=1,
+                                        output_mask=(False, True, False))[1]
+        got = ex(go, x, w)[1]
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+    finally:
+        del os.environ["TBE_LIKE_RECORDS"]
