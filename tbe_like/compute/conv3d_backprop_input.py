@@ -72,14 +72,21 @@ def _dilate(dy: te.Tensor, p: BackpropInputParams) -> te.Tensor:
 
 
 def _pad_dilated(dil: te.Tensor, p: BackpropInputParams) -> te.Tensor:
-    geo, g = p.geometry, p.geometry.group
-    n, _, cout1, _, _, c0 = p.dy_shape
+    geo = p.geometry
     ext = [(k - 1) * d + 1 for k, d in zip(geo.kernel, geo.dilations, strict=True)]
     # dy_pad[t] = dil[t - lead]: lead > 0 pads, lead < 0 crops.
     lead = [e - 1 - before for e, before in zip(ext, geo.pads_before, strict=True)]
     sizes = [int(s) for s in (dil.shape[1], dil.shape[3], dil.shape[4])]
-    dp, hp, wp = (i + e - 1 for i, e in zip(geo.in_spatial, ext, strict=True))
-    shape = (n, dp, g.real_g * g.cout_g // c0, hp, wp, c0)
+    extent = [i + e - 1 for i, e in zip(geo.in_spatial, ext, strict=True)]
+    return _padded(dil, p, extent, lead, sizes)
+
+
+def _padded(src: te.Tensor, p: BackpropInputParams, extent, lead, sizes) -> te.Tensor:
+    """``dx_dy_pad``: ``src`` (D/H/W ``sizes``) shifted by ``lead`` into ``extent`` rows, zero
+    elsewhere, its channel blocks extended to ``real_g * cout_g`` (zero beyond Cout)."""
+    g = p.geometry.group
+    n, _, cout1, _, _, c0 = p.dy_shape
+    shape = (n, extent[0], g.real_g * g.cout_g // c0, extent[1], extent[2], c0)
     zero = tirx.const(0, p.dtype)
 
     def body(nn, d, c1, h, w, cc):
@@ -88,7 +95,7 @@ def _pad_dilated(dil: te.Tensor, p: BackpropInputParams) -> te.Tensor:
         u = (d - lead[0], h - lead[1], w - lead[2])
         inside = tirx.all(c1 < cout1, *(tirx.all(v >= 0, v < s) for v, s in zip(u, sizes,
                                                                                strict=True)))
-        return tirx.if_then_else(inside, dil[nn, u[0], c1, u[1], u[2], cc], zero)
+        return tirx.if_then_else(inside, src[nn, u[0], c1, u[1], u[2], cc], zero)
 
     return te.compute(shape, body, name=stages.DX_DY_PAD, tag=_tag("dy_pad"))
 
@@ -218,9 +225,6 @@ def phases(p: BackpropInputParams) -> list[Phase]:
 def _pad_phases(dy: te.Tensor, p: BackpropInputParams, plan: list[Phase]
                 ) -> tuple[te.Tensor, tuple[int, int, int]]:
     """dy (not dilated) padded so that every phase's reads are in range; returns the lead pads."""
-    g = p.geometry.group
-    n, _, cout1, _, _, c0 = p.dy_shape
-    out = p.geometry.out_spatial
     lead, extent = [], []
     for axis in range(3):
         axes = [ph.axes[axis] for ph in plan]
@@ -228,18 +232,7 @@ def _pad_phases(dy: te.Tensor, p: BackpropInputParams, plan: list[Phase]
         hi = max((a.rows - 1) * a.q_step + a.dy0 + (a.taps - 1) * a.dy_step for a in axes)
         lead.append(lo)
         extent.append(hi + lo + 1)
-    shape = (n, extent[0], g.real_g * g.cout_g // c0, extent[1], extent[2], c0)
-    zero = tirx.const(0, p.dtype)
-
-    def body(nn, d, c1, h, w, cc):
-        if not _overlaps(shape, lead, out):
-            return zero
-        u = (d - lead[0], h - lead[1], w - lead[2])
-        inside = tirx.all(c1 < cout1, *(tirx.all(v >= 0, v < s) for v, s in zip(u, out,
-                                                                               strict=True)))
-        return tirx.if_then_else(inside, dy[nn, u[0], c1, u[1], u[2], cc], zero)
-
-    return te.compute(shape, body, name=stages.DX_DY_PAD, tag=_tag("dy_pad")), tuple(lead)
+    return _padded(dy, p, extent, lead, p.geometry.out_spatial), tuple(lead)
 
 
 def _mad_phase(dy_pad: te.Tensor, lead: tuple[int, int, int], w_flip: te.Tensor,
