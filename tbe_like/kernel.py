@@ -273,7 +273,8 @@ def _no_gpu(prefix: str, name: str) -> str:
 
 
 def read_metadata(path: str | os.PathLike) -> dict:
-    """The checked content of a kernel's JSON, without loading its library (works anywhere).
+    """The checked content of a kernel's JSON, without loading its library (works anywhere:
+    a CUDA kernel without a GPU, a kernel built for another CPU).
 
     Raises ``KernelLoadError`` as ``load_kernel`` does for missing, foreign or corrupt files.
     """
@@ -296,6 +297,10 @@ def load_kernel(path: str | os.PathLike) -> Kernel:
         the kernel is for CUDA and no CUDA device is present.
     """
     metadata, so_path = _checked_metadata(_metadata_path(path))
+    missing = set(metadata.get("required_cpu_features", ())) - _host_features()
+    if missing:
+        raise KernelLoadError(f"load_kernel: {metadata['kernel_name']} was built for a CPU with "
+                              f"{sorted(missing)}, which this CPU lacks; rebuild it here")
     if metadata["target_kind"] == "cuda" and not device_code.cuda_present():
         raise KernelLoadError(_no_gpu("load_kernel: ", metadata["kernel_name"]))
     module = _load_library(so_path, metadata["sha256"])
@@ -325,10 +330,6 @@ def _checked_metadata(json_path: Path) -> tuple[dict, Path]:
     if _sha256(so_path) != metadata["sha256"]:
         raise KernelLoadError(f"load_kernel: {so_path} does not match its recorded SHA-256 "
                               "(truncated or replaced); rebuild the kernel")
-    missing = set(metadata.get("required_cpu_features", ())) - _host_features()
-    if missing:
-        raise KernelLoadError(f"load_kernel: {metadata['kernel_name']} was built for a CPU with "
-                              f"{sorted(missing)}, which this CPU lacks; rebuild it here")
     return metadata, so_path
 
 

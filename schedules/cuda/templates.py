@@ -2,7 +2,7 @@
 
 Both templates share the outer structure::
 
-    blockIdx.x over (split, S, I tiles, J tiles)           one output tile per thread block
+    blockIdx.x over (I tiles, split, S, J tiles)           one output tile per thread block
       for k0 in K / tile_k                                 one shared-memory stage
         cooperative copy A[I tile, k0], B[J tile, k0]      im2col and layout stages inlined
         inner product on the tile                          tensor cores or registers
@@ -13,6 +13,8 @@ Both templates share the outer structure::
 out of shared memory; the accumulators go back through shared memory so that the epilogue is
 written by all 32 lanes (threadIdx.x). ``simt`` (float32, or older GPUs): each thread
 (threadIdx.y, threadIdx.x) owns a ``tile_m x tile_n`` register tile and does scalar FMAs.
+Consecutive thread blocks share their I tile (the S and J tiles vary fastest), so the A tile
+they all read (the im2col of dy for the input gradient) is served from L2.
 """
 
 from __future__ import annotations
@@ -47,8 +49,8 @@ def tensor_core(sch, block, tile: TensorCoreTile, dtype: str) -> None:
     i0, i1, i2 = sch.split(i, [None, tile.warp_m, tile.frag_m])
     j0, j1, j2 = sch.split(j, [None, tile.warp_n, tile.frag_n])
     k0, k1 = sch.split(k, [None, tile.k_frags])
-    sch.reorder(*batch, i0, j0, i1, j1, k0, k1, i2, j2)
-    sch.bind(sch.fuse(*batch, i0, j0), "blockIdx.x")
+    sch.reorder(i0, *batch, j0, i1, j1, k0, k1, i2, j2)
+    sch.bind(sch.fuse(i0, *batch, j0), "blockIdx.x")
     warps = sch.fuse(i1, j1)
     sch.bind(warps, "threadIdx.y")
 
@@ -85,8 +87,8 @@ def simt(sch, block, tile: SimtTile) -> None:
     i0, i1, i2 = sch.split(i, [None, tile.threads_m, tile.tile_m])
     j0, j1, j2 = sch.split(j, [None, tile.threads_n, tile.tile_n])
     k0, k1 = sch.split(k, [None, tile.tile_k])
-    sch.reorder(*batch, i0, j0, i1, j1, k0, k1, i2, j2)
-    sch.bind(sch.fuse(*batch, i0, j0), "blockIdx.x")
+    sch.reorder(i0, *batch, j0, i1, j1, k0, k1, i2, j2)
+    sch.bind(sch.fuse(i0, *batch, j0), "blockIdx.x")
     sch.bind(i1, "threadIdx.y")
     sch.bind(j1, "threadIdx.x")
 
