@@ -225,17 +225,33 @@ def test_explicit_knobs_are_used():
     assert unbound_blocks(sch.mod) == []
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("op", ["filter", "input"])
+def test_sampled_knobs_give_valid_kernels(op, seed):
+    """knobs=SAMPLE: the rule as a MetaSchedule search space (a candidate drawn per block)."""
+    _, res = OPS[op](CONVS["stride-123"])
+    func = te.create_prim_func([*res.op.attrs["tbe_like.inputs"], res])
+    sch = s_tir.Schedule(IRModule({"main": func}), seed=seed)
+    target = Target({"kind": "cuda", "arch": "sm_90"})
+    rule = registry.lookup(f"conv3d_backprop_{op}", "cuda")
+    sch = rule(sch, SimpleNamespace(dtype="float16"), target, cuda_rules.SAMPLE)
+    assert "sample_categorical" in str(sch.trace)
+    assert unbound_blocks(sch.mod) == []
+    assert "mma_sync" in _compile_for(sch, target).mod.imports[0].inspect_source()
+
+
 @pytest.mark.parametrize("knobs, dtype, match", [
     (cuda_rules.Knobs(cuda_rules.TensorCoreTile(2, 2, 2, 2, 2)), "float32", "tensor-core tile"),
     (cuda_rules.Knobs(cuda_rules.TensorCoreTile(4, 4, 4, 4, 4)), "float16", "shared memory"),
     (cuda_rules.Knobs(cuda_rules.SimtTile(16, 16, 4, 4, 16), split_k=0), "float32", "split_k"),
+    ("fastest", "float32", "CUDA knobs must be a tbe_like.schedules.cuda.Knobs"),
 ])
 def test_bad_knobs_are_refused(knobs, dtype, match):
     _, res = _gemm_extents(dtype=dtype)
     sch = s_tir.Schedule(IRModule({"main": te.create_prim_func(
         [*res.op.attrs["tbe_like.inputs"], res])}))
     rule = registry.lookup("conv3d_backprop_filter", "cuda")
-    with pytest.raises(ValueError, match=msg("conv3d_backprop_filter", match)):
+    with pytest.raises((ValueError, TypeError), match=msg("conv3d_backprop_filter", match)):
         rule(sch, SimpleNamespace(dtype=dtype), Target({"kind": "cuda", "arch": "sm_80"}),
              knobs)
 

@@ -2,6 +2,6 @@
 float16/bfloat16 on sm_80 and newer, with register tiles otherwise."""
 
 from . import conv3d_backprop_filter, conv3d_backprop_input  # noqa: F401  (registers the rules)
-from .knobs import Knobs, SimtTile, TensorCoreTile, candidates, default_knobs
+from .knobs import SAMPLE, Knobs, SimtTile, TensorCoreTile, candidates, default_knobs
 
-__all__ = ["Knobs", "SimtTile", "TensorCoreTile", "candidates", "default_knobs"]
+__all__ = ["SAMPLE", "Knobs", "SimtTile", "TensorCoreTile", "candidates", "default_knobs"]

@@ -21,6 +21,6 @@ from .templates import schedule_gemms
 
 
 @register(FILTER_OP, "cuda")
-def schedule(sch, p: BackpropFilterParams, target, knobs: Knobs | None = None):
+def schedule(sch, p: BackpropFilterParams, target, knobs: Knobs | str | None = None):
     return schedule_gemms(FILTER_OP, sch, [sch.get_sblock(stages.DW_MAD)], p.dtype, target,
                           knobs)

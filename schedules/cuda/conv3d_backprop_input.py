@@ -21,6 +21,6 @@ from .templates import schedule_gemms
 
 
 @register(INPUT_OP, "cuda")
-def schedule(sch, p: BackpropInputParams, target, knobs: Knobs | None = None):
+def schedule(sch, p: BackpropInputParams, target, knobs: Knobs | str | None = None):
     return schedule_gemms(INPUT_OP, sch, blocks_named(sch, stages.DX_MAD), p.dtype, target,
                           knobs)

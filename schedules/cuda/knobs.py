@@ -3,7 +3,9 @@
 A ``Knobs`` value fixes everything a template decides: the thread-block tile (tensor-core or
 SIMT) and how many independent partial sums split the reduction. Defaults are derived from the
 GEMM extents (S, I, J, K) of the block they tile; ``candidates`` lists the alternatives a tuner
-(MetaSchedule's ``ScheduleFn`` sampling an index, or a plain sweep) may try.
+may try. Passing ``SAMPLE`` as the knobs of a rule makes it draw one candidate per block with
+``Schedule.sample_categorical``: the rule is then a MetaSchedule ``ScheduleFn`` search space
+(``ReplayFunc`` re-runs it with fresh draws).
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ MAX_SPLIT_K = 64
 OPERAND_BYTES = {"tensor_core": 2, "simt": 4}
 ACC_BYTES = 4
 ROW_PAD = {"operand": 8, "acc": 4}
+
+
+SAMPLE = "sample"  # knobs value: draw each block's knobs from ``candidates`` (tuning)
 
 
 @dataclass(frozen=True)
@@ -153,6 +158,13 @@ def candidates(extents: tuple[int, int, int, int], dtype: str, target) -> list[K
             if knobs not in found:
                 found.append(knobs)
     return found
+
+
+def sample_knobs(sch, extents: tuple[int, int, int, int], dtype: str, target) -> Knobs:
+    """One of ``candidates``, drawn (uniformly) as a decision recorded in the schedule's trace."""
+    options = candidates(extents, dtype, target)
+    index = sch.sample_categorical(list(range(len(options))), [1 / len(options)] * len(options))
+    return options[int(sch.get(index))]
 
 
 def check_knobs(op: str, knobs: Knobs, dtype: str, target) -> None:

@@ -22,7 +22,15 @@ from __future__ import annotations
 from . import gemm
 from .common import bind_remaining
 from .intrin import FRAG, SHARED, wmma_intrinsics
-from .knobs import Knobs, SimtTile, TensorCoreTile, check_knobs, default_knobs
+from .knobs import (
+    SAMPLE,
+    Knobs,
+    SimtTile,
+    TensorCoreTile,
+    check_knobs,
+    default_knobs,
+    sample_knobs,
+)
 
 WARP = 32
 
@@ -102,20 +110,28 @@ def simt(sch, block, tile: SimtTile) -> None:
     gemm.inline_consumers(sch, acc)
 
 
-def schedule_gemms(op: str, sch, blocks: list, dtype: str, target, knobs: Knobs | None = None):
+def _knobs_for(op: str, sch, extents, dtype: str, target, knobs) -> Knobs:
+    if knobs is None:
+        return default_knobs(extents, dtype, target)
+    if isinstance(knobs, str) and knobs == SAMPLE:
+        return sample_knobs(sch, extents, dtype, target)
+    check_knobs(op, knobs, dtype, target)
+    return knobs
+
+
+def schedule_gemms(op: str, sch, blocks: list, dtype: str, target, knobs=None):
     """Schedule each reduction block as an implicit GEMM, then thread everything else.
 
-    ``knobs`` (one value for every block) overrides the defaults derived from each block's
-    extents. A block that is not a GEMM is left to ``bind_remaining`` (correct, not fast).
+    ``knobs``: None (defaults derived from each block's extents), a ``Knobs`` for every block,
+    or ``SAMPLE`` (a candidate drawn per block, for tuning). A block that is not a GEMM is left
+    to ``bind_remaining`` (correct, not fast).
     """
-    if knobs is not None:
-        check_knobs(op, knobs, dtype, target)
     plans = []
     for block in blocks:  # normalize them all before staging inlines the shared producers
         extents = gemm.gemm_extents(sch, block)
         if extents is None:
             continue
-        chosen = knobs or default_knobs(extents, dtype, target)
+        chosen = _knobs_for(op, sch, extents, dtype, target, knobs)
         plans.append((gemm.normalize(sch, block, chosen.padding), chosen))
     for normalized, chosen in plans:
         block = normalized.block
