@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tbe_like._tvm import s_tir
 
+from .cuda.common import bind_remaining
 from .registry import register_fallback
 
 
@@ -20,3 +21,18 @@ def llvm_fallback(sch, target):
         if loops and info.dom_kind().startswith("S"):
             sch.parallel(loops[0])
     return sch
+
+
+@register_fallback("cuda")
+def cuda_fallback(sch, target):
+    """dlight's GPU ``Fallback``: inline what can be inlined, then map the spatial loops of every
+    block to (blockIdx.x, threadIdx.x); reductions run sequentially in each thread.
+
+    Correct for any operator (not fast). Where dlight cannot normalize the function, the same
+    mapping is applied block by block (``bind_remaining``).
+    """
+    scheduled = s_tir.dlight.gpu.Fallback().apply(sch.mod["main"], target, False)
+    if scheduled is None:
+        bind_remaining(sch, target)
+        return sch
+    return scheduled

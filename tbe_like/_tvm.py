@@ -11,20 +11,34 @@ import tvm
 from tvm import runtime as tvm_runtime
 from tvm import s_tir, te, tirx, topi
 from tvm.ir import IRModule
+from tvm.s_tir import TensorIntrin
+from tvm.s_tir.dlight.analysis import get_root_block
+from tvm.s_tir.dlight.gpu.matmul import get_index_map as gemm_index_maps
+from tvm.script import tirx as T
+from tvm.support import nvcc
 from tvm.target import Target
 from tvm.target import codegen as target_codegen
+from tvm.tirx.analysis import undefined_vars
+from tvm_ffi import structural_walk
 
 TVM_VERSION: str = tvm.__version__
 
 __all__ = [
     "TVM_VERSION",
     "IRModule",
+    "T",
     "Target",
+    "TensorIntrin",
+    "gemm_index_maps",
+    "get_root_block",
+    "nvcc",
     "s_tir",
+    "structural_walk",
     "target_codegen",
     "te",
     "tirx",
     "topi",
     "tvm",
     "tvm_runtime",
+    "undefined_vars",
 ]

@@ -24,7 +24,7 @@ from . import compute, params
 from ._tvm import IRModule, Target, s_tir, te, tirx, tvm
 from .kernel import DEFAULT_OUTPUT_DIR, Kernel, TensorSpec, export_kernel
 from .params import calculate_group
-from .target import resolve_target
+from .target import build_config, resolve_target
 
 __all__ = [
     "Schedule",
@@ -272,7 +272,9 @@ def auto_schedule(res: te.Tensor, target: Any = None) -> Schedule:
         The output of a dsl operator.
     target : None, str, dict or tvm.target.Target
         ``None``: the enclosing ``with Target(...)`` if any, else this CPU (LLVM with its real
-        ``mcpu`` and all cores). ``"llvm"`` / ``"cuda"`` or a target dict are completed likewise.
+        ``mcpu`` and all cores). ``"llvm"`` / ``"cuda"`` or a target dict are completed likewise;
+        ``"cuda"`` means ``{"kind": "cuda", "arch": "sm_80"}``, another GPU is named with
+        ``{"kind": "cuda", "arch": "sm_90"}`` (``sm_75`` and newer).
     """
     from . import schedules  # the rules register themselves on import
 
@@ -347,7 +349,8 @@ def build(sch: Schedule, config: Mapping[str, Any]) -> Kernel:
     Returns
     -------
     Kernel
-        The built kernel, loaded: call it with NumPy arrays for the inputs.
+        The built kernel, loaded: call it with NumPy arrays for the inputs. A CUDA kernel (its
+        device code compiled by nvcc into the library) runs only where a GPU is present.
     """
     if not isinstance(sch, Schedule):
         raise TypeError(f"build: sch must come from dsl.auto_schedule, got {type(sch).__name__}")
@@ -371,7 +374,8 @@ def build(sch: Schedule, config: Mapping[str, Any]) -> Kernel:
     mod = IRModule({"main": ordered.mod["main"].with_attr("global_symbol", name)})
     if config.get("print_ir"):
         print(mod.script())
-    executable = tvm.compile(mod, target=sch.target)
+    with tvm.transform.PassContext(config=build_config(sch.target)):
+        executable = tvm.compile(mod, target=sch.target)
     spec = _OPS[sch.op]
     specs = [TensorSpec(t.op.name, tuple(int(s) for s in t.shape), str(t.dtype),
                         _layout_of(t, sch.inputs, spec)) for t in tensor_list]

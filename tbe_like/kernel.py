@@ -2,10 +2,14 @@
 
 A built kernel is two files in the output folder (``kernel_meta/`` by default):
 
-* ``<kernel_name>.so``   the shared library TVM's ``export_library`` wrote;
+* ``<kernel_name>.so``   the shared library TVM's ``export_library`` wrote (for CUDA with the
+  device code compiled by nvcc and embedded, see ``device_code``);
 * ``<kernel_name>.json`` what is needed to call it without the compiler: the argument list (names,
   shapes, dtypes, layouts), the target, the CPU features the code needs, the TVM version, the
   operator's parameters and the library's SHA-256 (a truncated or foreign library is refused).
+
+A CUDA kernel loads only where a GPU is present; its metadata can be read anywhere
+(``read_metadata``).
 
 Both are written to temporary files and renamed into place, so an interrupted build never leaves a
 half-written kernel that a later ``load_kernel`` would pick up. Files of the same name that were not
@@ -26,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from . import device_code
 from . import target as _target
 from ._tvm import TVM_VERSION, Target, tvm_runtime
 from .params import check_kernel_name
@@ -91,11 +96,9 @@ class Kernel:
 
     def _device(self):
         if self.target_kind == "cuda":
-            dev = tvm_runtime.cuda(0)
-            if not dev.exist:
-                raise RuntimeError(f"kernel {self.name}: built for CUDA, but no CUDA GPU is "
-                                   "present on this machine")
-            return dev
+            if self._func is None or not device_code.cuda_present():
+                raise KernelLoadError(_no_gpu("", self.name))
+            return tvm_runtime.cuda(0)
         return tvm_runtime.cpu(0)
 
     def _check_inputs(self, arrays: Sequence[Any]) -> list[np.ndarray]:
@@ -202,16 +205,20 @@ def export_kernel(executable: Any, output_dir: str | os.PathLike, kernel_name: s
     out.mkdir(parents=True, exist_ok=True)
     so_path, json_path = out / f"{kernel_name}.so", out / f"{kernel_name}.json"
     _refuse_foreign(op, so_path, json_path)
+    kind = str(target.kind.name)
     fd, tmp_so = tempfile.mkstemp(dir=out, prefix=f".{kernel_name}.", suffix=".so")
     os.close(fd)
     try:
-        executable.export_library(tmp_so)
+        device = None
+        if kind == "cuda":
+            device = device_code.export_library(executable, tmp_so, target)
+        else:
+            executable.export_library(tmp_so)
         digest = _sha256(Path(tmp_so))
         os.replace(tmp_so, so_path)
     except BaseException:
         Path(tmp_so).unlink(missing_ok=True)
         raise
-    kind = str(target.kind.name)
     metadata = {
         "format": METADATA_FORMAT,
         "kernel_name": kernel_name,
@@ -226,7 +233,11 @@ def export_kernel(executable: Any, output_dir: str | os.PathLike, kernel_name: s
         "tvm_version": TVM_VERSION,
         "para_dict": _jsonable(para_dict),
     }
+    if device is not None:
+        metadata["device_code"] = device
     _atomic_write_text(json_path, json.dumps(metadata, indent=2) + "\n")
+    if kind == "cuda" and not device_code.cuda_present():
+        return Kernel(None, metadata, so_path)  # built here, runs where there is a GPU
     return load_kernel(json_path)
 
 
@@ -256,6 +267,20 @@ def _metadata_path(path: str | os.PathLike) -> Path:
     return p.with_name(p.name + ".json")
 
 
+def _no_gpu(prefix: str, name: str) -> str:
+    return (f"{prefix}kernel {name!r} was built for CUDA, but no CUDA device is present on this "
+            "machine (or TVM's CUDA runtime cannot find the driver)")
+
+
+def read_metadata(path: str | os.PathLike) -> dict:
+    """The checked content of a kernel's JSON, without loading its library (works anywhere:
+    a CUDA kernel without a GPU, a kernel built for another CPU).
+
+    Raises ``KernelLoadError`` as ``load_kernel`` does for missing, foreign or corrupt files.
+    """
+    return _checked_metadata(_metadata_path(path))[0]
+
+
 def load_kernel(path: str | os.PathLike) -> Kernel:
     """Load a kernel that ``dsl.build`` wrote; no compiler is involved.
 
@@ -268,9 +293,22 @@ def load_kernel(path: str | os.PathLike) -> Kernel:
     ------
     KernelLoadError
         When a file is missing, the metadata is not tbe_like's, the library does not match its
-        recorded SHA-256 (truncated or replaced), or this CPU lacks a feature the code uses.
+        recorded SHA-256 (truncated or replaced), this CPU lacks a feature the code uses, or
+        the kernel is for CUDA and no CUDA device is present.
     """
-    json_path = _metadata_path(path)
+    metadata, so_path = _checked_metadata(_metadata_path(path))
+    missing = set(metadata.get("required_cpu_features", ())) - _host_features()
+    if missing:
+        raise KernelLoadError(f"load_kernel: {metadata['kernel_name']} was built for a CPU with "
+                              f"{sorted(missing)}, which this CPU lacks; rebuild it here")
+    if metadata["target_kind"] == "cuda" and not device_code.cuda_present():
+        raise KernelLoadError(_no_gpu("load_kernel: ", metadata["kernel_name"]))
+    module = _load_library(so_path, metadata["sha256"])
+    func = module[metadata["kernel_name"]]
+    return Kernel(func, metadata, so_path, module)
+
+
+def _checked_metadata(json_path: Path) -> tuple[dict, Path]:
     try:
         metadata = json.loads(json_path.read_text("utf-8"))
     except FileNotFoundError:
@@ -292,13 +330,7 @@ def load_kernel(path: str | os.PathLike) -> Kernel:
     if _sha256(so_path) != metadata["sha256"]:
         raise KernelLoadError(f"load_kernel: {so_path} does not match its recorded SHA-256 "
                               "(truncated or replaced); rebuild the kernel")
-    missing = set(metadata.get("required_cpu_features", ())) - _host_features()
-    if missing:
-        raise KernelLoadError(f"load_kernel: {metadata['kernel_name']} was built for a CPU with "
-                              f"{sorted(missing)}, which this CPU lacks; rebuild it here")
-    module = _load_library(so_path, metadata["sha256"])
-    func = module[metadata["kernel_name"]]
-    return Kernel(func, metadata, so_path, module)
+    return metadata, so_path
 
 
 # dlopen() hands back the library already loaded from the same path even after the file was

@@ -2,6 +2,7 @@
 
 TVM 0.27 takes targets as dicts. An LLVM target without a real ``mcpu`` silently compiles SSE code
 without FMA (about 4x slower), so the host CPU is named explicitly, read from LLVM at run time.
+CUDA targets name their GPU architecture (``sm_80`` unless told otherwise).
 TVM's thread pool sizes itself to half the hardware threads (it assumes hyper-threading), which is
 one thread on a 2-core machine: ``ensure_threads`` sets ``TVM_NUM_THREADS`` before the pool starts.
 """
@@ -11,12 +12,18 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 from typing import Any
 
 from ._tvm import Target, target_codegen
 
 # The x86 features a kernel's vector code may use, widest first, with the fp32 lanes they give.
 _VECTOR_FEATURES = (("avx512f", 16), ("avx2", 8), ("avx", 8), ("sse2", 4))
+# CUDA: the architecture a bare "cuda" means (Ampere, the oldest GPU with bf16 tensor cores), and
+# the oldest one accepted (nvcc 13 compiles for Turing, sm_75, and newer).
+CUDA_DEFAULT_ARCH = "sm_80"
+CUDA_SM_MIN = 75
+_CUDA_ARCH_RE = re.compile(r"sm_(\d+)[af]?")
 
 
 def cpu_count() -> int:
@@ -46,21 +53,43 @@ def host_target() -> Target:
     return Target({"kind": "llvm", "mcpu": host_cpu(), "num-cores": cpu_count()})
 
 
-def cuda_target(arch: str = "sm_80") -> Target:
-    return Target({"kind": "cuda", "arch": arch})
+def check_cuda_arch(arch: Any) -> str:
+    """``arch`` if it names a CUDA architecture tbe_like compiles for (``sm_75`` and newer)."""
+    match = _CUDA_ARCH_RE.fullmatch(arch) if isinstance(arch, str) else None
+    if match is None:
+        raise ValueError(f"target arch must be a CUDA architecture like 'sm_80' or 'sm_90', "
+                         f"got {arch!r}")
+    if int(match.group(1)) < CUDA_SM_MIN:
+        raise ValueError(f"target arch must be sm_{CUDA_SM_MIN} or newer (the oldest nvcc 13 "
+                         f"compiles for), got {arch!r}")
+    return arch
+
+
+def cuda_sm(target: Target) -> int:
+    """The compute capability of a CUDA target as a number (``sm_90a`` -> 90)."""
+    arch = check_cuda_arch(str(target.attrs.get("arch", "")))
+    return int(_CUDA_ARCH_RE.fullmatch(arch).group(1))
+
+
+def cuda_target(arch: str = CUDA_DEFAULT_ARCH) -> Target:
+    return Target({"kind": "cuda", "arch": check_cuda_arch(arch)})
 
 
 def resolve_target(target: Any = None) -> Target:
     """Turn ``None`` / ``"llvm"`` / ``"cuda"`` / a dict / a Target into a Target.
 
     ``None`` means the ``with`` target context if there is one, else the host CPU. A bare
-    ``"llvm"`` or an LLVM dict without ``mcpu`` is completed with the host CPU and core count.
+    ``"llvm"`` or an LLVM dict without ``mcpu`` is completed with the host CPU and core count;
+    ``"cuda"`` or a CUDA dict without ``arch`` means ``sm_80``, and a CUDA ``arch`` must be
+    ``sm_75`` or newer.
     """
     if target is None:
         target = Target.current(allow_none=True)
         if target is None:
             return host_target()
     if isinstance(target, Target):
+        if str(target.kind.name) == "cuda":
+            check_cuda_arch(str(target.attrs.get("arch", "")))
         if str(target.kind.name) != "llvm" or "mcpu" in target.attrs:
             return target
         target = json.loads(str(target))  # an LLVM target without mcpu: complete it below
@@ -77,8 +106,20 @@ def resolve_target(target: Any = None) -> Target:
         config.setdefault("mcpu", host_cpu())
         config.setdefault("num-cores", cpu_count())
     elif config.get("kind") == "cuda":
-        config.setdefault("arch", "sm_80")
+        check_cuda_arch(config.setdefault("arch", CUDA_DEFAULT_ARCH))
     return Target(config)
+
+
+def build_config(target: Target) -> dict:
+    """PassContext options a target's kernels must be compiled with.
+
+    CUDA: TVM 0.27's storage rewrite lets a float32 shared-memory buffer (the staged tensor-core
+    accumulators) reuse the memory of a float16 one and then fails ("tvm_access_ptr element type
+    must match the source buffer"), so it is switched off for CUDA kernels.
+    """
+    if str(target.kind.name) == "cuda":
+        return {"tirx.disable_storage_rewrite": True}
+    return {}
 
 
 def cpu_features(target: Target) -> frozenset[str]:

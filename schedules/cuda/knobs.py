@@ -1,0 +1,182 @@
+"""The tuning knobs of the CUDA implicit-GEMM templates, their defaults and their search space.
+
+A ``Knobs`` value fixes everything a template decides: the thread-block tile (tensor-core or
+SIMT) and how many independent partial sums split the reduction. Defaults are derived from the
+GEMM extents (S, I, J, K) of the block they tile; ``candidates`` lists the alternatives a tuner
+may try. Passing ``SAMPLE`` as the knobs of a rule makes it draw one candidate per block with
+``Schedule.sample_categorical``: the rule is then a MetaSchedule ``ScheduleFn`` search space
+(``ReplayFunc`` re-runs it with fresh draws).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .common import uses_tensor_cores
+from .intrin import FRAG
+
+WARP = 32
+# Static shared memory per thread block (CUDA's limit without opting in to more).
+SHARED_BYTES = 48 * 1024
+# Streaming multiprocessors of the smallest target GPU (A100: 108; H100: 132): split-K aims for
+# two thread blocks per SM.
+SM_COUNT = 108
+# A split of the reduction keeps at least this many K tiles (else the partial sums cost more
+# than the parallelism brings), and there are at most MAX_SPLIT_K splits.
+MIN_K_TILES_PER_SPLIT = 8
+MAX_SPLIT_K = 64
+# Bytes per element of the staged operands (fp16/bf16 on tensor cores, fp32 on SIMT) and of the
+# float32 accumulators; rows of the shared tiles are padded against bank conflicts.
+OPERAND_BYTES = {"tensor_core": 2, "simt": 4}
+ACC_BYTES = 4
+ROW_PAD = {"operand": 8, "acc": 4}
+
+
+SAMPLE = "sample"  # knobs value: draw each block's knobs from ``candidates`` (tuning)
+
+
+@dataclass(frozen=True)
+class TensorCoreTile:
+    """A thread block of ``warp_m * warp_n`` warps, each with ``frag_m x frag_n`` accumulators."""
+
+    warp_m: int  # warps along I
+    warp_n: int  # warps along J
+    frag_m: int  # 16x16 WMMA accumulators per warp along I
+    frag_n: int  # 16x16 WMMA accumulators per warp along J
+    k_frags: int  # 16-deep K steps per shared-memory stage
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """The (I, J, K) extents of one thread block's tile."""
+        return (FRAG * self.warp_m * self.frag_m, FRAG * self.warp_n * self.frag_n,
+                FRAG * self.k_frags)
+
+    def shared_bytes(self) -> int:
+        m, n, k = self.shape
+        return ((m + n) * (k + ROW_PAD["operand"]) * OPERAND_BYTES["tensor_core"]
+                + m * (n + ROW_PAD["acc"]) * ACC_BYTES)
+
+
+@dataclass(frozen=True)
+class SimtTile:
+    """A thread block of ``threads_m x threads_n`` threads, each with a register tile."""
+
+    threads_m: int  # threads along I (threadIdx.y)
+    threads_n: int  # threads along J (threadIdx.x)
+    tile_m: int  # register tile rows per thread
+    tile_n: int  # register tile columns per thread
+    tile_k: int  # K depth per shared-memory stage
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.threads_m * self.tile_m, self.threads_n * self.tile_n, self.tile_k)
+
+    def shared_bytes(self) -> int:
+        m, n, k = self.shape
+        return (m + n) * k * OPERAND_BYTES["simt"]
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """Everything the template decides for one GEMM block."""
+
+    tile: TensorCoreTile | SimtTile
+    split_k: int = 1
+
+    @property
+    def padding(self) -> tuple[int, int, int]:
+        """What the (I, J, K) extents are padded to: whole tiles, K for every split."""
+        m, n, k = self.tile.shape
+        return (m, n, k * self.split_k)
+
+
+def _fit(extent: int, unit: int, options: tuple[int, ...]) -> int:
+    """The largest option whose ``unit * option`` does not exceed ``extent`` (else the least)."""
+    fitting = [o for o in options if unit * o <= max(extent, unit)]
+    return max(fitting) if fitting else min(options)
+
+
+def _tensor_core_tile(m: int, n: int, k: int) -> TensorCoreTile:
+    warp_m = 2 if m >= 4 * FRAG else 1
+    warp_n = 2 if n >= 4 * FRAG else 1
+    frag_m = _fit(m, FRAG * warp_m, (1, 2, 4))
+    frag_n = _fit(n, FRAG * warp_n, (1, 2, 4))
+    tile = TensorCoreTile(warp_m, warp_n, frag_m, frag_n, 2 if k >= 2 * FRAG else 1)
+    # At most 8 accumulators (64 registers) per thread, and the tiles must fit in shared memory.
+    while tile.frag_m * tile.frag_n > 8 or tile.shared_bytes() > SHARED_BYTES:
+        if tile.frag_m >= tile.frag_n:
+            tile = TensorCoreTile(tile.warp_m, tile.warp_n, tile.frag_m // 2, tile.frag_n,
+                                  tile.k_frags)
+        else:
+            tile = TensorCoreTile(tile.warp_m, tile.warp_n, tile.frag_m, tile.frag_n // 2,
+                                  tile.k_frags)
+    return tile
+
+
+def _simt_tile(m: int, n: int, k: int) -> SimtTile:
+    threads_n = 16 if n > 8 else 8
+    threads_m = 16 if m > 8 else 8
+    return SimtTile(threads_m, threads_n, _fit(m, threads_m, (1, 2, 4)),
+                    _fit(n, threads_n, (1, 2, 4)), 16 if k >= 16 else 8)
+
+
+def _split_for(extents: tuple[int, ...], tile) -> int:
+    s, m, n, k = extents
+    tm, tn, tk = tile.shape
+    blocks = s * math.ceil(m / tm) * math.ceil(n / tn)
+    most = min(MAX_SPLIT_K, max(1, k // (tk * MIN_K_TILES_PER_SPLIT)))
+    return max(1, min(most, math.ceil(2 * SM_COUNT / blocks)))
+
+
+def default_knobs(extents: tuple[int, int, int, int], dtype: str, target) -> Knobs:
+    """Knobs for a GEMM block of (S, I, J, K) ``extents`` with ``dtype`` operands."""
+    _, m, n, k = extents
+    tile = (_tensor_core_tile(m, n, k) if uses_tensor_cores(dtype, target)
+            else _simt_tile(m, n, k))
+    return Knobs(tile, _split_for(extents, tile))
+
+
+def candidates(extents: tuple[int, int, int, int], dtype: str, target) -> list[Knobs]:
+    """The knob values a tuner may try for one GEMM block (the default first)."""
+    default = default_knobs(extents, dtype, target)
+    found = [default]
+    if isinstance(default.tile, TensorCoreTile):
+        tiles = [TensorCoreTile(wm, wn, fm, fn, kf) for wm in (1, 2, 4) for wn in (1, 2, 4)
+                 for fm in (1, 2, 4) for fn in (1, 2, 4) for kf in (1, 2, 4)
+                 if wm * wn <= 8 and fm * fn <= 8]
+    else:
+        tiles = [SimtTile(tm, tn, rm, rn, tk) for tm in (8, 16) for tn in (8, 16, 32)
+                 for rm in (1, 2, 4) for rn in (1, 2, 4) for tk in (8, 16, 32)
+                 if tm * tn <= 512]
+    for tile in tiles:
+        if tile.shared_bytes() > SHARED_BYTES:
+            continue
+        best = _split_for(extents, tile)
+        for split in sorted({1, best, 2 * best}):
+            knobs = Knobs(tile, min(split, MAX_SPLIT_K))
+            if knobs not in found:
+                found.append(knobs)
+    return found
+
+
+def sample_knobs(sch, extents: tuple[int, int, int, int], dtype: str, target) -> Knobs:
+    """One of ``candidates``, drawn (uniformly) as a decision recorded in the schedule's trace."""
+    options = candidates(extents, dtype, target)
+    index = sch.sample_categorical(list(range(len(options))), [1 / len(options)] * len(options))
+    return options[int(sch.get(index))]
+
+
+def check_knobs(op: str, knobs: Knobs, dtype: str, target) -> None:
+    """Refuse knobs the template cannot honour (named after the operator the user called)."""
+    if not isinstance(knobs, Knobs):
+        raise TypeError(f"{op}: CUDA knobs must be a tbe_like.schedules.cuda.Knobs, got "
+                        f"{type(knobs).__name__}")
+    if isinstance(knobs.tile, TensorCoreTile) and not uses_tensor_cores(dtype, target):
+        raise ValueError(f"{op}: a tensor-core tile needs float16/bfloat16 operands and sm_80 or "
+                         f"newer, got {dtype} on {target.attrs.get('arch')}")
+    if knobs.tile.shared_bytes() > SHARED_BYTES:
+        raise ValueError(f"{op}: the tile {knobs.tile} needs {knobs.tile.shared_bytes()} bytes "
+                         f"of shared memory, more than {SHARED_BYTES}")
+    if not 1 <= knobs.split_k <= MAX_SPLIT_K:
+        raise ValueError(f"{op}: split_k must be in [1, {MAX_SPLIT_K}], got {knobs.split_k}")

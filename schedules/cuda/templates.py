@@ -1,0 +1,145 @@
+"""The two CUDA templates for a normalized GEMM block, and the driver the operator rules call.
+
+Both templates share the outer structure::
+
+    blockIdx.x over (I tiles, split, S, J tiles)           one output tile per thread block
+      for k0 in K / tile_k                                 one shared-memory stage
+        cooperative copy A[I tile, k0], B[J tile, k0]      im2col and layout stages inlined
+        inner product on the tile                          tensor cores or registers
+      write the tile back                                  epilogue stages inlined if they can be
+
+``tensor_core`` (float16/bfloat16 on sm_80+): each warp (threadIdx.y) owns ``frag_m x frag_n``
+16x16 float32 WMMA accumulators and consumes the stage 16 deep at a time from fragments loaded
+out of shared memory; the accumulators go back through shared memory so that the epilogue is
+written by all 32 lanes (threadIdx.x). ``simt`` (float32, or older GPUs): each thread
+(threadIdx.y, threadIdx.x) owns a ``tile_m x tile_n`` register tile and does scalar FMAs.
+Consecutive thread blocks share their I tile (the S and J tiles vary fastest), so the A tile
+they all read (the im2col of dy for the input gradient) is served from L2.
+"""
+
+from __future__ import annotations
+
+from . import gemm
+from .common import bind_remaining
+from .intrin import FRAG, SHARED, wmma_intrinsics
+from .knobs import (
+    SAMPLE,
+    Knobs,
+    SimtTile,
+    TensorCoreTile,
+    check_knobs,
+    default_knobs,
+    sample_knobs,
+)
+
+WARP = 32
+
+
+def _tensorize_2d(sch, block, intrin: str) -> None:
+    """Cut the last two loops of a copy into 16x16 tiles and tensorize each tile."""
+    i, j = sch.get_loops(block)[-2:]
+    i0, i1 = sch.split(i, [None, FRAG])
+    j0, j1 = sch.split(j, [None, FRAG])
+    sch.reorder(i0, j0, i1, j1)
+    sch.tensorize(i1, intrin)
+
+
+def tensor_core(sch, block, tile: TensorCoreTile, dtype: str) -> None:
+    """Schedule a normalized GEMM block (S..., I, J, K) on tensor cores."""
+    intrins = wmma_intrinsics(dtype)
+    *batch, i, j, k = sch.get_loops(block)
+    i, i_f = sch.split(i, [None, FRAG])
+    j, j_f = sch.split(j, [None, FRAG])
+    k, k_f = sch.split(k, [None, FRAG])
+    sch.reorder(i, j, k, i_f, j_f, k_f)
+    inner, outer = block, sch.blockize(i_f)
+
+    i0, i1, i2 = sch.split(i, [None, tile.warp_m, tile.frag_m])
+    j0, j1, j2 = sch.split(j, [None, tile.warp_n, tile.frag_n])
+    k0, k1 = sch.split(k, [None, tile.k_frags])
+    sch.reorder(i0, *batch, j0, i1, j1, k0, k1, i2, j2)
+    sch.bind(sch.fuse(i0, *batch, j0), "blockIdx.x")
+    warps = sch.fuse(i1, j1)
+    sch.bind(warps, "threadIdx.y")
+
+    for operand in (0, 1):
+        cache = gemm.stage_in_shared(sch, outer, operand, SHARED, k0,
+                                     (tile.warp_m * tile.warp_n, WARP))
+        # Rows of tile_k + 8 elements keep the fragment loads free of bank conflicts.
+        sch.storage_align(cache, 0, axis=-2, factor=16, offset=8)
+    frags = [sch.cache_read(outer, 0, "wmma.matrix_a"), sch.cache_read(outer, 1, "wmma.matrix_b")]
+    for frag in frags:
+        sch.compute_at(frag, k1)
+
+    staged = sch.cache_write(outer, 0, SHARED)
+    sch.storage_align(staged, 0, axis=-2, factor=16, offset=4)
+    acc = sch.cache_write(outer, 0, "wmma.accumulator")
+    sch.reverse_compute_at(acc, warps)
+    sch.reverse_compute_at(staged, warps)
+    init = sch.decompose_reduction(outer, k0)
+
+    _tensorize_2d(sch, frags[0], intrins.load_a)
+    _tensorize_2d(sch, frags[1], intrins.load_b)
+    _tensorize_2d(sch, acc, intrins.store)
+    sch.tensorize(sch.get_loops(sch.get_child_blocks(init)[0])[-2], intrins.fill)
+    sch.tensorize(sch.get_loops(inner)[-3], intrins.sync)
+
+    gemm.inline_consumers(sch, staged)
+    _, tx = sch.split(sch.fuse(*sch.get_loops(staged)[-2:]), [None, WARP])
+    sch.bind(tx, "threadIdx.x")
+
+
+def simt(sch, block, tile: SimtTile) -> None:
+    """Schedule a normalized GEMM block (S..., I, J, K) with a register tile per thread."""
+    *batch, i, j, k = sch.get_loops(block)
+    i0, i1, i2 = sch.split(i, [None, tile.threads_m, tile.tile_m])
+    j0, j1, j2 = sch.split(j, [None, tile.threads_n, tile.tile_n])
+    k0, k1 = sch.split(k, [None, tile.tile_k])
+    sch.reorder(i0, *batch, j0, i1, j1, k0, k1, i2, j2)
+    sch.bind(sch.fuse(i0, *batch, j0), "blockIdx.x")
+    sch.bind(i1, "threadIdx.y")
+    sch.bind(j1, "threadIdx.x")
+
+    acc = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(acc, j1)
+    for operand in (0, 1):
+        gemm.stage_in_shared(sch, block, operand, "shared", k0, (tile.threads_m, tile.threads_n))
+    sch.decompose_reduction(block, k0)
+    for loop in (k1, i2, j2):
+        sch.unroll(loop)
+    gemm.inline_consumers(sch, acc)
+
+
+def _knobs_for(op: str, sch, extents, dtype: str, target, knobs) -> Knobs:
+    if knobs is None:
+        return default_knobs(extents, dtype, target)
+    if isinstance(knobs, str) and knobs == SAMPLE:
+        return sample_knobs(sch, extents, dtype, target)
+    check_knobs(op, knobs, dtype, target)
+    return knobs
+
+
+def schedule_gemms(op: str, sch, blocks: list, dtype: str, target, knobs=None):
+    """Schedule each reduction block as an implicit GEMM, then thread everything else.
+
+    ``knobs``: None (defaults derived from each block's extents), a ``Knobs`` for every block,
+    or ``SAMPLE`` (a candidate drawn per block, for tuning). A block that is not a GEMM is left
+    to ``bind_remaining`` (correct, not fast).
+    """
+    plans = []
+    for block in blocks:  # normalize them all before staging inlines the shared producers
+        extents = gemm.gemm_extents(sch, block)
+        if extents is None:
+            continue
+        chosen = _knobs_for(op, sch, extents, dtype, target, knobs)
+        plans.append((gemm.normalize(sch, block, chosen.padding), chosen))
+    for normalized, chosen in plans:
+        block = normalized.block
+        if chosen.split_k > 1:
+            block = gemm.split_k(sch, block, chosen.split_k)
+        if isinstance(chosen.tile, TensorCoreTile):
+            tensor_core(sch, block, chosen.tile, dtype)
+        else:
+            simt(sch, block, chosen.tile)
+    bind_remaining(sch, target)
+    return sch

@@ -1,0 +1,435 @@
+"""CUDA: the schedules build for sm_80 and sm_90 and the generated source is what it should be.
+
+Without a GPU (CI, this machine) every template is compiled to CUDA source and inspected:
+kernels present, every block under a thread binding, shared-memory staging, WMMA ``mma_sync``
+for float16/bfloat16 and plain FMAs for float32 (and for float16 below sm_80). Building through
+nvcc (``dsl.build``) is checked on a few kernels; the numeric tests run where a GPU is present
+(``gpu`` marker) and are skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, replace
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from conftest import NP_DTYPES, msg
+from tbe_like.schedules import cuda as cuda_rules
+from tbe_like.schedules import registry
+
+from tbe_like import KernelLoadError, dsl, layout, load_kernel, tvm
+from tbe_like._tvm import IRModule, Target, s_tir, structural_walk, te, tirx
+from tbe_like._tvm import tvm as apache_tvm
+from tbe_like.device_code import cuda_present
+from tbe_like.kernel import read_metadata
+from tbe_like.target import build_config
+from tbe_like.testing import reference as ref
+
+ARCHS = ("sm_80", "sm_90")
+requires_gpu = pytest.mark.skipif(not cuda_present(), reason="no CUDA device present")
+# float32 accumulation over up to ~1e4 products, against a float64 reference on the same inputs.
+GPU_RTOL = 5e-4
+FATBIN_MAGIC = b"\x50\xed\x55\xba"  # the first four bytes of every fatbin (0xBA55ED50, LE)
+
+
+@dataclass(frozen=True)
+class Conv:
+    """One convolution: NCDHW channel counts; pads (front, back, top, bottom, left, right)."""
+
+    n: int
+    cin: int
+    cout: int
+    spatial: tuple[int, int, int]
+    kernel: tuple[int, int, int]
+    strides: tuple = (1, 1, 1)
+    pads: tuple = (0, 0, 0, 0, 0, 0)
+    dilations: tuple = (1, 1, 1)
+    groups: int = 1
+    dtype: str = "float16"
+
+    @property
+    def out_spatial(self):
+        return ref.conv3d_output_spatial(self.spatial, self.kernel, self.strides, self.pads,
+                                         self.dilations)
+
+    @property
+    def weight_shape(self):
+        return (self.cout, self.cin // self.groups, *self.kernel)
+
+    def group_dict(self):
+        return dsl.calculate_group(self.cin, self.cout, self.groups) if self.groups > 1 else None
+
+    def filter_op(self):
+        """(inputs, result) of conv3d_backprop_filter."""
+        c1, co1 = -(-self.cin // 16), -(-self.cout // 16)
+        x = tvm.placeholder((self.n, self.spatial[0], c1, *self.spatial[1:], 16), name="x",
+                            dtype=self.dtype)
+        do, ho, wo = self.out_spatial
+        dy = tvm.placeholder((self.n, do, co1, ho, wo, 16), name="dy", dtype=self.dtype)
+        dd, dh, dw = self.dilations
+        pd = {"strides": list(self.strides), "pads": list(self.pads),
+              "dilations": [1, dd, 1, dh, dw], "group_dict": self.group_dict()}
+        kd, kh, kw = self.kernel
+        size = [self.cout, kd, self.cin // self.groups, kh, kw]
+        return [x, dy], dsl.conv3d_backprop_filter(x, dy, size, pd)
+
+    def input_op(self, res_dtype=None):
+        """(inputs, result) of conv3d_backprop_input."""
+        w_shape = layout.fractal_z_3d_shape(self.weight_shape, groups=self.groups)
+        w = tvm.placeholder(w_shape, name="filter", dtype=self.dtype)
+        do, ho, wo = self.out_spatial
+        dy = tvm.placeholder((self.n, do, -(-self.cout // 16), ho, wo, 16), name="dy",
+                             dtype=self.dtype)
+        pd = {"strides": [1, *self.strides, 1], "pads": list(self.pads),
+              "dilations": [1, *self.dilations, 1], "res_dtype": res_dtype or self.dtype,
+              "group_dict": self.group_dict()}
+        size = [self.cout, self.cin // self.groups, *self.kernel]
+        res = dsl.conv3d_backprop_input(w, dy, size, [self.n, *self.spatial, self.cin], pd)
+        return [w, dy], res
+
+
+# A spread of shapes: stride, asymmetric pads, dilation, 1x1x1, channel padding, groups.
+CONVS = {
+    "seed000-small": Conv(2, 16, 16, (4, 12, 12), (2, 3, 3), (2, 2, 2), (0, 0, 0, 1, 0, 1)),
+    "k3-pad1-c64": Conv(1, 64, 32, (4, 8, 8), (3, 3, 3), pads=(1,) * 6),
+    "stride-123": Conv(2, 16, 32, (5, 9, 11), (2, 3, 3), (1, 2, 3), (0, 1, 1, 0, 1, 1)),
+    "dilation-2": Conv(1, 32, 16, (6, 9, 9), (3, 3, 3), pads=(2,) * 6, dilations=(2, 2, 2)),
+    "k1x1x1": Conv(2, 32, 48, (3, 4, 5), (1, 1, 1)),
+    "channels-20-36": Conv(2, 20, 36, (3, 6, 6), (2, 3, 3), pads=(1, 0, 1, 1, 0, 1)),
+    "groups-4": Conv(1, 64, 64, (3, 6, 6), (3, 3, 3), pads=(1,) * 6, groups=4),
+    "depthwise": Conv(1, 32, 32, (3, 6, 6), (3, 3, 3), pads=(1,) * 6, groups=32),
+}
+DTYPES = ("float16", "bfloat16", "float32")
+OPS = {"filter": Conv.filter_op, "input": Conv.input_op}
+
+
+def kernels(src: str) -> list[str]:
+    """The kernel definitions of a CUDA source, each from its signature to the next kernel."""
+    parts = src.split('extern "C" __global__')[1:]
+    return [p for p in parts if p.split("\n", 1)[0].rstrip().endswith("{")]
+
+
+def _compile(sch):
+    with apache_tvm.transform.PassContext(config=build_config(sch.target)):
+        return apache_tvm.compile(sch.mod, target=sch.target)
+
+
+def unbound_blocks(mod) -> list[str]:
+    """Blocks of the scheduled function that no thread-bound loop encloses (host code)."""
+    sch = s_tir.Schedule(mod)
+    names: list[str] = []
+    structural_walk(mod["main"].body, [(s_tir.SBlock, lambda b: names.append(b.name_hint))],
+                    order="post")
+    unbound = []
+    for name in names:
+        if name == "root":
+            continue
+        sref = sch.get_sref(sch.get_sblock(name))
+        bound = False
+        while sref is not None and not bound:
+            bound = getattr(sref.stmt, "thread_binding", None) is not None
+            sref = sref.parent
+        if not bound:
+            unbound.append(name)
+    return unbound
+
+
+@pytest.fixture(scope="session")
+def cuda_source():
+    """Schedule for CUDA and compile to source, once per (op, shape, dtype, arch)."""
+    cache = {}
+
+    def get(op, name, dtype, arch):
+        key = (op, name, dtype, arch)
+        if key not in cache:
+            _, res = OPS[op](replace(CONVS[name], dtype=dtype))
+            sch = dsl.auto_schedule(res, target={"kind": "cuda", "arch": arch})
+            ex = _compile(sch)
+            assert len(ex.mod.imports) == 1, "no device module: the kernel stayed on the host"
+            cache[key] = (sch, ex.mod.imports[0].inspect_source())
+        return cache[key]
+
+    return get
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", list(CONVS))
+@pytest.mark.parametrize("op", list(OPS))
+def test_templates_build(cuda_source, op, name, dtype, arch):
+    sch, src = cuda_source(op, name, dtype, arch)
+    assert '__global__ void' in src
+    assert "__shared__" in src  # operand tiles staged in shared memory
+    assert unbound_blocks(sch.mod) == []
+    if dtype == "float32":
+        assert "wmma" not in src
+    else:
+        assert "nvcuda::wmma::mma_sync" in src
+        assert "nvcuda::wmma::load_matrix_sync" in src
+        assert "wmma::accumulator, 16, 16, 16, float>" in src  # float32 accumulation
+        frag = {"float16": "half", "bfloat16": "nv_bfloat16"}[dtype]
+        assert f"wmma::matrix_a, 16, 16, 16, {frag}," in src
+
+
+def test_sm75_float16_uses_the_simt_template():
+    _, res = Conv(1, 32, 32, (3, 6, 6), (3, 3, 3), pads=(1,) * 6).filter_op()
+    src = _compile(dsl.auto_schedule(res, target={"kind": "cuda", "arch": "sm_75"}))
+    src = src.mod.imports[0].inspect_source()
+    assert "__shared__" in src and "wmma" not in src
+
+
+def test_weight_gradient_splits_a_long_reduction(cuda_source):
+    """dW of seed 000's shape: a few output tiles, K = every output position -> split-K."""
+    big = Conv(16, 16, 16, (8, 72, 72), (2, 3, 3), (2, 2, 2), (0, 0, 0, 1, 0, 1))
+    _, res = big.filter_op()
+    sch = dsl.auto_schedule(res, target="cuda")
+    assert any(".rf" in str(b.name_hint) or "_rf" in str(b.name_hint) for b in
+               _blocks(sch.mod))
+    src = _compile(sch).mod.imports[0].inspect_source()
+    assert len(kernels(src)) >= 2 and "mma_sync" in src
+
+
+def _blocks(mod):
+    found = []
+    structural_walk(mod["main"].body, [(s_tir.SBlock, found.append)], order="post")
+    return found
+
+
+# ----------------------------------------------------------------------------- knobs
+
+
+def _gemm_extents(op="filter", dtype="float16"):
+    _, res = OPS[op](replace(CONVS["k3-pad1-c64"], dtype=dtype))
+    func = te.create_prim_func([*res.op.attrs["tbe_like.inputs"], res])
+    sch = s_tir.Schedule(IRModule({"main": func}))
+    block = sch.get_sblock("dw_mad" if op == "filter" else "dx_mad")
+    return cuda_rules.gemm.gemm_extents(sch, block), res
+
+
+def test_explicit_knobs_are_used():
+    extents, res = _gemm_extents()
+    target = Target({"kind": "cuda", "arch": "sm_80"})
+    options = cuda_rules.candidates(extents, "float16", target)
+    assert options[0] == cuda_rules.default_knobs(extents, "float16", target)
+    knobs = cuda_rules.Knobs(cuda_rules.TensorCoreTile(1, 1, 2, 1, 1), split_k=3)
+    sch = s_tir.Schedule(IRModule({"main": te.create_prim_func(
+        [*res.op.attrs["tbe_like.inputs"], res])}))
+    p = SimpleNamespace(dtype="float16")
+    sch = registry.lookup("conv3d_backprop_filter", "cuda")(sch, p, target, knobs)
+    src = _compile_for(sch, target).mod.imports[0].inspect_source()
+    assert "__launch_bounds__(32)" in src  # one warp: warp_m * warp_n = 1
+    assert len(kernels(src)) == 3  # partial sums, their sum, the result layout
+    assert unbound_blocks(sch.mod) == []
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("op", ["filter", "input"])
+def test_sampled_knobs_give_valid_kernels(op, seed):
+    """knobs=SAMPLE: the rule as a MetaSchedule search space (a candidate drawn per block)."""
+    _, res = OPS[op](CONVS["stride-123"])
+    func = te.create_prim_func([*res.op.attrs["tbe_like.inputs"], res])
+    sch = s_tir.Schedule(IRModule({"main": func}), seed=seed)
+    target = Target({"kind": "cuda", "arch": "sm_90"})
+    rule = registry.lookup(f"conv3d_backprop_{op}", "cuda")
+    sch = rule(sch, SimpleNamespace(dtype="float16"), target, cuda_rules.SAMPLE)
+    assert "sample_categorical" in str(sch.trace)
+    assert unbound_blocks(sch.mod) == []
+    assert "mma_sync" in _compile_for(sch, target).mod.imports[0].inspect_source()
+
+
+@pytest.mark.parametrize("knobs, dtype, match", [
+    (cuda_rules.Knobs(cuda_rules.TensorCoreTile(2, 2, 2, 2, 2)), "float32", "tensor-core tile"),
+    (cuda_rules.Knobs(cuda_rules.TensorCoreTile(4, 4, 4, 4, 4)), "float16", "shared memory"),
+    (cuda_rules.Knobs(cuda_rules.SimtTile(16, 16, 4, 4, 16), split_k=0), "float32", "split_k"),
+    ("fastest", "float32", "CUDA knobs must be a tbe_like.schedules.cuda.Knobs"),
+])
+def test_bad_knobs_are_refused(knobs, dtype, match):
+    _, res = _gemm_extents(dtype=dtype)
+    sch = s_tir.Schedule(IRModule({"main": te.create_prim_func(
+        [*res.op.attrs["tbe_like.inputs"], res])}))
+    rule = registry.lookup("conv3d_backprop_filter", "cuda")
+    with pytest.raises((ValueError, TypeError), match=msg("conv3d_backprop_filter", match)):
+        rule(sch, SimpleNamespace(dtype=dtype), Target({"kind": "cuda", "arch": "sm_80"}),
+             knobs)
+
+
+# ----------------------------------------------------------------------------- robustness
+
+
+def _phased_input_gradient(dtype="float16"):
+    """A stand-in for a stride-phase input gradient: an unknown packing stage in front, two
+    ``dx_mad*`` reductions reading one padded tensor, and a result stage joining them."""
+    n, h, c, k = 2, 16, 16, 3
+    x = te.placeholder((n, c, h + k - 1), dtype, name="x")  # channels-first: packed below
+    w = te.placeholder((2, k, c, c), dtype, name="w")
+    packed = te.compute((n, h + k - 1, c), lambda a, i, ch: x[a, ch, i], name="pack_nc")
+    pad = te.compute((n, h + k - 1, c), lambda a, i, ch: packed[a, i, ch], name="dx_dy_pad")
+
+    def phase(p):
+        r, rc = te.reduce_axis((0, k), name="r"), te.reduce_axis((0, c), name="rc")
+        return te.compute(
+            (n, h // 2, c),
+            lambda a, i, ci: te.sum(pad[a, 2 * i + p + r, rc].astype("float32")
+                                    * w[p, r, rc, ci].astype("float32"), axis=[r, rc]),
+            name=f"dx_mad_{p}")
+
+    phases = [phase(0), phase(1)]
+    res = te.compute((n, h, c), lambda a, i, ci: tirx.if_then_else(
+        i % 2 == 0, phases[0][a, i // 2, ci], phases[1][a, i // 2, ci]), name="dx_res")
+    return te.create_prim_func([x, w, res])
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_every_dx_mad_block_and_unknown_stages(dtype):
+    sch = s_tir.Schedule(IRModule({"main": _phased_input_gradient(dtype)}))
+    target = Target({"kind": "cuda", "arch": "sm_80"})
+    sch = registry.lookup("conv3d_backprop_input", "cuda")(sch, SimpleNamespace(dtype=dtype),
+                                                           target)
+    assert unbound_blocks(sch.mod) == []
+    with apache_tvm.transform.PassContext(config=build_config(target)):
+        src = apache_tvm.compile(sch.mod, target=target).mod.imports[0].inspect_source()
+    if dtype == "float16":
+        assert len([k for k in kernels(src) if "mma_sync" in k]) == 2  # both phases
+
+
+def test_generic_cuda_fallback_threads_every_block():
+    _, res = CONVS["stride-123"].input_op()
+    func = te.create_prim_func([*res.op.attrs["tbe_like.inputs"], res])
+    target = Target({"kind": "cuda", "arch": "sm_80"})
+    sch = registry._FALLBACKS["cuda"](s_tir.Schedule(IRModule({"main": func})), target)
+    assert unbound_blocks(sch.mod) == []
+    assert len(_compile_for(sch, target).mod.imports) == 1
+
+
+def _compile_for(sch, target):
+    with apache_tvm.transform.PassContext(config=build_config(target)):
+        return apache_tvm.compile(sch.mod, target=target)
+
+
+# ----------------------------------------------------------------------------- targets
+
+
+@pytest.mark.parametrize("target, match", [
+    ({"kind": "cuda", "arch": "sm_50"}, "target arch must be sm_75 or newer"),
+    ({"kind": "cuda", "arch": "sm_xx"}, "target arch must be a CUDA architecture"),
+    ({"kind": "cuda", "arch": "90"}, "target arch must be a CUDA architecture"),
+    (Target({"kind": "cuda", "arch": "sm_61"}), "target arch must be sm_75 or newer"),
+])
+def test_bad_cuda_arch(target, match):
+    _, res = CONVS["k1x1x1"].filter_op()
+    with pytest.raises(ValueError, match=msg("auto_schedule", match, "sm_")):
+        dsl.auto_schedule(res, target=target)
+
+
+def test_cuda_target_defaults_to_sm_80():
+    _, res = CONVS["k1x1x1"].filter_op()
+    assert str(dsl.auto_schedule(res, target="cuda").target.attrs["arch"]) == "sm_80"
+    with Target({"kind": "cuda", "arch": "sm_90"}):
+        assert str(dsl.auto_schedule(res).target.attrs["arch"]) == "sm_90"
+
+
+# ----------------------------------------------------------------------------- build, load
+
+
+@pytest.fixture(scope="session")
+def cuda_kernel(kernel_dir):
+    """Build (nvcc, once per session and argument set) a CUDA kernel into kernel_dir."""
+    cache = {}
+
+    def get(op, name, dtype, arch, reorder=False, res_dtype=None):
+        key = (op, name, dtype, arch, reorder, res_dtype)
+        if key not in cache:
+            conv = replace(CONVS[name], dtype=dtype)
+            inputs, res = (conv.input_op(res_dtype) if op == "input" else conv.filter_op())
+            sch = dsl.auto_schedule(res, target={"kind": "cuda", "arch": arch})
+            tensors = [*inputs[::-1], res] if reorder else [*inputs, res]
+            kname = f"cuda_{op}_{name}_{dtype}_{arch}{'_r' if reorder else ''}".replace("-", "_")
+            cache[key] = dsl.build(sch, {"name": kname, "tensor_list": tensors,
+                                         "output_dir": str(kernel_dir)})
+        return cache[key]
+
+    return get
+
+
+@pytest.mark.parametrize("op, name, dtype, arch", [
+    ("filter", "seed000-small", "float16", "sm_80"),
+    ("input", "groups-4", "bfloat16", "sm_90"),
+])
+def test_build_embeds_compiled_device_code(cuda_kernel, kernel_dir, op, name, dtype, arch):
+    kernel = cuda_kernel(op, name, dtype, arch)
+    so, js = kernel_dir / f"{kernel.name}.so", kernel_dir / f"{kernel.name}.json"
+    meta = json.loads(js.read_text())
+    assert meta == read_metadata(js)
+    assert meta["target"]["kind"] == "cuda" and meta["target"]["arch"] == arch
+    assert meta["target_kind"] == "cuda"
+    assert meta["device_code"]["format"] == "fatbin" and meta["device_code"]["arch"] == arch
+    data = so.read_bytes()
+    assert hashlib.sha256(data).hexdigest() == meta["sha256"]
+    assert FATBIN_MAGIC in data
+    assert b"__global__" not in data  # compiled code, not the CUDA source
+
+
+def test_reordered_tensor_list_replays_the_cuda_schedule(cuda_kernel):
+    kernel = cuda_kernel("filter", "seed000-small", "float16", "sm_80", reorder=True)
+    assert [t.name for t in kernel.inputs] == ["dy", "x"]
+
+
+@pytest.mark.skipif(cuda_present(), reason="a CUDA device is present")
+def test_without_a_gpu_loading_and_running_say_so(cuda_kernel, kernel_dir):
+    kernel = cuda_kernel("filter", "seed000-small", "float16", "sm_80")
+    with pytest.raises(KernelLoadError, match=r"load_kernel: kernel 'cuda_filter_seed000_small"
+                                              r"_float16_sm_80' was built for CUDA, but no "
+                                              r"CUDA device is present"):
+        load_kernel(kernel_dir / f"{kernel.name}.so")
+    x = np.zeros(kernel.inputs[0].shape, np.float16)
+    dy = np.zeros(kernel.inputs[1].shape, np.float16)
+    with pytest.raises(KernelLoadError, match="no CUDA device is present"):
+        kernel(x, dy)
+
+
+# ----------------------------------------------------------------------------- on a GPU
+
+
+def _filter_data(conv, seed=0):
+    rng = np.random.default_rng(seed)
+    dt = NP_DTYPES[conv.dtype]
+    x = rng.standard_normal((conv.n, conv.cin, *conv.spatial)).astype(dt)
+    dy = rng.standard_normal((conv.n, conv.cout, *conv.out_spatial)).astype(dt)
+    return x, dy
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ["seed000-small", "stride-123", "groups-4", "channels-20-36"])
+def test_gpu_weight_gradient(cuda_kernel, kernel_dir, name, dtype):
+    conv = replace(CONVS[name], dtype=dtype)
+    kernel = load_kernel(kernel_dir / f"{cuda_kernel('filter', name, dtype, 'sm_80').name}.json")
+    x, dy = _filter_data(conv)
+    dw = kernel(layout.to_ndc1hwc0(x), layout.to_ndc1hwc0(dy))
+    expected = ref.conv3d_backprop_filter(x, dy, conv.kernel, conv.strides, conv.pads,
+                                          conv.dilations, groups=conv.groups)
+    got = layout.from_fractal_z_3d(dw.reshape(-1, dw.shape[2] // 16, 16, 16),
+                                   conv.weight_shape, groups=conv.groups)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=GPU_RTOL * np.abs(expected).max())
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ["k3-pad1-c64", "stride-123", "dilation-2", "depthwise"])
+def test_gpu_input_gradient(cuda_kernel, kernel_dir, name, dtype):
+    conv = replace(CONVS[name], dtype=dtype)
+    built = cuda_kernel("input", name, dtype, "sm_80", res_dtype="float32")
+    kernel = load_kernel(kernel_dir / f"{built.name}.json")
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal(conv.weight_shape).astype(NP_DTYPES[dtype])
+    dy = rng.standard_normal((conv.n, conv.cout, *conv.out_spatial)).astype(NP_DTYPES[dtype])
+    dx = kernel(layout.to_fractal_z_3d(w, groups=conv.groups), layout.to_ndc1hwc0(dy))
+    expected = ref.conv3d_backprop_input(dy, w, conv.spatial, conv.strides, conv.pads,
+                                         conv.dilations, groups=conv.groups)
+    expected = layout.to_ndc1hwc0(expected).reshape(dx.shape)
+    np.testing.assert_allclose(dx, expected, rtol=0, atol=GPU_RTOL * np.abs(expected).max())
