@@ -100,6 +100,12 @@ def _padded(src: te.Tensor, p: BackpropInputParams, extent, lead, sizes) -> te.T
     return te.compute(shape, body, name=stages.DX_DY_PAD, tag=_tag("dy_pad"))
 
 
+def _merged_group(cb, g):
+    """The merged group of input-channel block ``cb``: a literal 0 without groups, so that the
+    reduction's access pattern shows one GEMM over every input channel."""
+    return cb // g.cin1_g if g.real_g > 1 else 0
+
+
 def _flip(w: te.Tensor, p: BackpropInputParams) -> te.Tensor:
     geo, g = p.geometry, p.geometry.group
     kd, kh, kw = geo.kernel
@@ -131,7 +137,7 @@ def _mad_dense(dy_pad: te.Tensor, w_flip: te.Tensor, p: BackpropInputParams) -> 
     shape = (n, d, g.real_g * g.cin1_g, h, w, c0)
 
     def body(nn, di, cb, hi, wi, ci0):
-        grp = cb // g.cin1_g
+        grp = _merged_group(cb, g)
         co_block = grp * (g.cout_g // c0) + rco // c0
         x = dy_pad[nn, di + ra * dd, co_block, hi + rb * dh, wi + rc * dw, rco % c0]
         k = w_flip[grp, ra, rb, rc, rco, (cb % g.cin1_g) * c0 + ci0]
@@ -246,7 +252,7 @@ def _mad_phase(dy_pad: te.Tensor, lead: tuple[int, int, int], w_flip: te.Tensor,
     shape = (p.geometry.batch, pd.rows, g.real_g * g.cin1_g, ph.rows, pw.rows, c0)
 
     def body(nn, qd, cb, qh, qw, ci0):
-        grp = cb // g.cin1_g
+        grp = _merged_group(cb, g)
         co_block = grp * (g.cout_g // c0) + rco // c0
         x = dy_pad[nn, qd * pd.q_step + (pd.dy0 + lead[0]) + ra * pd.dy_step, co_block,
                    qh * ph.q_step + (ph.dy0 + lead[1]) + rb * ph.dy_step,
