@@ -44,8 +44,12 @@ def _tensorize_2d(sch, block, intrin: str) -> None:
     sch.tensorize(i1, intrin)
 
 
-def tensor_core(sch, block, tile: TensorCoreTile, dtype: str) -> None:
-    """Schedule a normalized GEMM block (S..., I, J, K) on tensor cores."""
+def tensor_core(sch, block, tile: TensorCoreTile, dtype: str):
+    """Schedule a normalized GEMM block (S..., I, J, K) on tensor cores.
+
+    Returns the write-back step (epilogue inlining and threads), which ``schedule_gemms`` runs
+    once every block is scheduled.
+    """
     intrins = wmma_intrinsics(dtype)
     *batch, i, j, k = sch.get_loops(block)
     i, i_f = sch.split(i, [None, FRAG])
@@ -84,13 +88,19 @@ def tensor_core(sch, block, tile: TensorCoreTile, dtype: str) -> None:
     sch.tensorize(sch.get_loops(sch.get_child_blocks(init)[0])[-2], intrins.fill)
     sch.tensorize(sch.get_loops(inner)[-3], intrins.sync)
 
-    gemm.inline_consumers(sch, staged)
-    _, tx = sch.split(sch.fuse(*sch.get_loops(staged)[-2:]), [None, WARP])
-    sch.bind(tx, "threadIdx.x")
+    def write_back() -> None:
+        gemm.inline_consumers(sch, staged)
+        _, tx = sch.split(sch.fuse(*sch.get_loops(staged)[-2:]), [None, WARP])
+        sch.bind(tx, "threadIdx.x")
+
+    return write_back
 
 
-def simt(sch, block, tile: SimtTile) -> None:
-    """Schedule a normalized GEMM block (S..., I, J, K) with a register tile per thread."""
+def simt(sch, block, tile: SimtTile):
+    """Schedule a normalized GEMM block (S..., I, J, K) with a register tile per thread.
+
+    Returns the write-back step, as ``tensor_core`` does.
+    """
     *batch, i, j, k = sch.get_loops(block)
     i0, i1, i2 = sch.split(i, [None, tile.threads_m, tile.tile_m])
     j0, j1, j2 = sch.split(j, [None, tile.threads_n, tile.tile_n])
@@ -107,7 +117,7 @@ def simt(sch, block, tile: SimtTile) -> None:
     sch.decompose_reduction(block, k0)
     for loop in (k1, i2, j2):
         sch.unroll(loop)
-    gemm.inline_consumers(sch, acc)
+    return lambda: gemm.inline_consumers(sch, acc)
 
 
 def _knobs_for(op: str, sch, extents, dtype: str, target, knobs) -> Knobs:
@@ -125,6 +135,14 @@ def schedule_gemms(op: str, sch, blocks: list, dtype: str, target, knobs=None):
     ``knobs``: None (defaults derived from each block's extents), a ``Knobs`` for every block,
     or ``SAMPLE`` (a candidate drawn per block, for tuning). A block that is not a GEMM is left
     to ``bind_remaining`` (correct, not fast).
+
+    The write-backs (the epilogue folded into each tile's store) come last, after every block is
+    staged and tensorized. Folding the padding copy into a write-back adds a predicate (rows past
+    the real I extent), after which TVM's region-cover analysis no longer proves that the
+    write-back's reads of the staged tile are covered; the root scope then stops being a "stage
+    pipeline". The next blockize or tensorize recomputes the scope's flags, and ``compute_at``
+    refuses to stage the next block (the input gradient's stride phases are several GEMM
+    blocks). No ``compute_at`` follows the write-backs, so doing them last avoids the check.
     """
     plans = []
     for block in blocks:  # normalize them all before staging inlines the shared producers
@@ -133,13 +151,16 @@ def schedule_gemms(op: str, sch, blocks: list, dtype: str, target, knobs=None):
             continue
         chosen = _knobs_for(op, sch, extents, dtype, target, knobs)
         plans.append((gemm.normalize(sch, block, chosen.padding), chosen))
+    write_backs = []
     for normalized, chosen in plans:
         block = normalized.block
         if chosen.split_k > 1:
             block = gemm.split_k(sch, block, chosen.split_k)
         if isinstance(chosen.tile, TensorCoreTile):
-            tensor_core(sch, block, chosen.tile, dtype)
+            write_backs.append(tensor_core(sch, block, chosen.tile, dtype))
         else:
-            simt(sch, block, chosen.tile)
+            write_backs.append(simt(sch, block, chosen.tile))
+    for write_back in write_backs:
+        write_back()
     bind_remaining(sch, target)
     return sch
