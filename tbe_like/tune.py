@@ -69,6 +69,29 @@ def lookup(func, target: Target) -> Any | None:
     return None
 
 
+def build_for_tuning(mod: IRModule, target: Target, params: Any = None) -> Any:
+    """MetaSchedule's builder function: ``tvm.compile`` with the pass options builds use
+    (``tbe_like.target.build_config``; e.g. CUDA tensor-core kernels need one pass off)."""
+    from ._tvm import tvm
+    from .target import build_config
+
+    del params
+    with tvm.transform.PassContext(config=build_config(target)):
+        return tvm.compile(mod, target=target).mod  # the runtime module, as the exporter wants
+
+
+BUILD_FUNC = "tbe_like.tune.build_for_tuning"
+
+
+def register_build_func() -> None:
+    """Register :func:`build_for_tuning` under ``BUILD_FUNC`` (MetaSchedule's builder workers
+    run this first: they look their build function up by name)."""
+    from ._tvm import tvm
+
+    if tvm.get_global_func(BUILD_FUNC, allow_missing=True) is None:
+        tvm.register_global_func(BUILD_FUNC, build_for_tuning)
+
+
 def _progress_callback(total: int, flops: float, out=sys.stderr):
     from tvm.ir.utils import derived_object
 
@@ -115,7 +138,8 @@ def tune(func, space: Callable, target: Target, trials: int, records: str | os.P
         ms.tune_tir(
             workload(func), target, work_dir=work, max_trials_global=trials,
             num_trials_per_iter=min(per_iter, trials), space=space,
-            builder=ms.builder.LocalBuilder(timeout_sec=300),
+            builder=ms.builder.LocalBuilder(f_build=BUILD_FUNC, initializer=register_build_func,
+                                            timeout_sec=300),
             runner=ms.runner.LocalRunner(evaluator_config=ms.runner.EvaluatorConfig(
                 number=3, repeat=1, min_repeat_ms=50, enable_cpu_cache_flush=False)),
             cost_model=ms.cost_model.XGBModel(extractor=ms.feature_extractor.PerStoreFeature(),

@@ -334,3 +334,43 @@ def test_deconv_grad_filter_matches_reference(cache, name):
     assert got.shape == want.shape and got.dtype == np.dtype(dt)
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=0,
                                atol=RTOL[dt] * np.abs(want).max())
+
+
+# ----------------------------------------------------------------------------- CUDA
+
+CUDA_CASE = Case((2, 16, 4, 8, 8), (16, 16, 3, 3, 3), stride=(1, 2, 2), padding=1,
+                 dtype="float16")
+
+
+def _cuda_present() -> bool:
+    from tbe_like.device_code import cuda_present
+
+    return cuda_present()
+
+
+@pytest.mark.skipif(_cuda_present(), reason="a CUDA device is present")
+def test_cuda_target_builds_ahead_of_time_and_says_a_gpu_is_needed(tmp_path):
+    from tbe_like.kernel import KernelLoadError, read_metadata
+
+    go, x, w = _data(CUDA_CASE)
+    with pytest.raises(KernelLoadError, match="no CUDA device"):
+        ops.prepare_convolution_backward(go, x, w, bias_sizes=None, cache=KernelCache(tmp_path),
+                                         target={"kind": "cuda", "arch": "sm_90"},
+                                         **CUDA_CASE.kwargs())
+    (meta,) = tmp_path.glob("*.json")
+    info = read_metadata(meta)
+    assert info["target_kind"] == "cuda" and info["target"]["arch"] == "sm_90"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda_present(), reason="no CUDA device present")
+def test_cuda_target_matches_reference(cache):
+    go, x, w = _data(CUDA_CASE)
+    got = ops.convolution_backward(go, x, w, bias_sizes=None, cache=cache, target="cuda",
+                                   **CUDA_CASE.kwargs())
+    want = ref.convolution_backward(go.astype(np.float64), x.astype(np.float64),
+                                    w.astype(np.float64), output_mask=(True, True, True),
+                                    **CUDA_CASE.kwargs())
+    for g, e in zip(got, want, strict=True):
+        np.testing.assert_allclose(g.astype(np.float64), e, rtol=0,
+                                   atol=RTOL["float16"] * np.abs(e).max())

@@ -32,6 +32,7 @@ from ..params import (
     BackpropInputParams,
     ConvGeometry,
 )
+from ..target import build_config
 
 C0 = 16
 ACC_DTYPE = "float32"
@@ -241,7 +242,8 @@ def build(graph: Graph, target: Target, output_dir, kernel_name: str, op: str,
     if not tuned:
         sch = schedule(s_tir.Schedule(IRModule({"main": func})), graph, target)
     mod = IRModule({"main": sch.mod["main"].with_attr("global_symbol", kernel_name)})
-    executable = tvm.compile(mod, target=target)
+    with tvm.transform.PassContext(config=build_config(target)):
+        executable = tvm.compile(mod, target=target)
     tensors = [*graph.inputs, graph.output]
     specs = [TensorSpec(t.op.name, tuple(int(s) for s in t.shape), str(t.dtype), layout)
              for t, layout in zip(tensors, graph.layouts, strict=True)]
