@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ._tvm import IRModule, Target, s_tir, target_codegen  # noqa: F401
+from ._tvm import IRModule, Target
 from .cache import cache_dir
 
 RECORDS_ENV = "TBE_LIKE_RECORDS"
@@ -50,11 +50,6 @@ def workload(func) -> IRModule:
     return IRModule({"main": func.with_attr("global_symbol", "main")})
 
 
-def _target_key(target: Target) -> Target:
-    # The records of a CPU are valid for any core count: match on the target without it.
-    return target
-
-
 def lookup(func, target: Target) -> Any | None:
     """The best recorded schedule of ``func`` for ``target``, or ``None``."""
     mod = workload(func)
@@ -63,7 +58,7 @@ def lookup(func, target: Target) -> Any | None:
         if not (d / "database_tuning_record.json").is_file():
             continue
         db = ms.database.JSONDatabase(work_dir=str(d), allow_missing=False)
-        sch = db.query_schedule(mod, _target_key(target), workload_name="main")
+        sch = db.query_schedule(mod, target, workload_name="main")
         if sch is not None:
             return sch
     return None

@@ -32,24 +32,10 @@ import numpy as np
 from .._tvm import Target
 from ..cache import KernelCache, default_cache
 from ..kernel import Kernel
-from ..target import resolve_target
 from ..tune import records_fingerprint
 from . import kernels
+from .arrays import check_array, dtype_name, target_of
 from .params import OP, ConvolutionBackwardParams, convolution_backward_params
-
-
-def _dtype_name(op: str, name: str, array: Any) -> str:
-    if not hasattr(array, "shape") or not hasattr(array, "dtype"):
-        raise TypeError(f"{op}: {name} must be a numpy array (or have .shape and .dtype), got "
-                        f"{type(array).__name__}")
-    return np.dtype(array.dtype).name
-
-
-def _target(op: str, target: Any) -> Target:
-    try:
-        return resolve_target(target)
-    except (TypeError, ValueError) as e:
-        raise type(e)(f"{op}: target: {e}") from None
 
 
 def conv_of(p: ConvolutionBackwardParams) -> kernels.Conv3d:
@@ -96,21 +82,12 @@ class ConvolutionBackwardExecutor:
         return (f"ConvolutionBackwardExecutor({OP}, mask={self.params.output_mask}, "
                 f"kernels={sorted(self.kernels)}, workspace_size={self.workspace_size})")
 
-    def _check(self, name: str, array: Any, shape: tuple, dtype: str) -> np.ndarray:
-        if not isinstance(array, np.ndarray):
-            raise TypeError(f"{OP}: {name} must be a numpy array, got {type(array).__name__}")
-        if tuple(array.shape) != tuple(shape) or array.dtype.name != dtype:
-            raise ValueError(f"{OP}: {name} must have shape {tuple(shape)} and dtype {dtype} "
-                             f"(the executor was prepared for them), got shape "
-                             f"{tuple(array.shape)} dtype {array.dtype.name}")
-        return array
-
     def __call__(self, grad_output: np.ndarray, input: np.ndarray, weight: np.ndarray
                  ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
         p = self.params
-        go = self._check("grad_output", grad_output, p.grad_output_shape, p.grad_output_dtype)
-        x = self._check("input", input, p.input_shape, p.input_dtype)
-        w = self._check("weight", weight, p.weight_shape, p.weight_dtype)
+        go = check_array(OP, "grad_output", grad_output, p.grad_output_shape, p.grad_output_dtype)
+        x = check_array(OP, "input", input, p.input_shape, p.input_dtype)
+        w = check_array(OP, "weight", weight, p.weight_shape, p.weight_dtype)
 
         def as5(a: np.ndarray, shape5: tuple) -> np.ndarray:
             a = a if a.dtype.name == p.dtype else a.astype(p.dtype)
@@ -170,14 +147,14 @@ def prepare_convolution_backward(grad_output: Any, input: Any, weight: Any, *,
     """
     shapes = {n: a for n, a in (("grad_output", grad_output), ("input", input),
                                  ("weight", weight))}
-    dtypes = {n: _dtype_name(OP, n, a) for n, a in shapes.items()}
+    dtypes = {n: dtype_name(OP, n, a) for n, a in shapes.items()}
     p = convolution_backward_params(
         tuple(grad_output.shape), dtypes["grad_output"], tuple(input.shape), dtypes["input"],
         tuple(weight.shape), dtypes["weight"], bias_sizes=bias_sizes, stride=stride,
         padding=padding, dilation=dilation, transposed=transposed,
         output_padding=output_padding, groups=groups, output_mask=output_mask,
         cube_math_type=cube_math_type)
-    return ConvolutionBackwardExecutor(p, _target(OP, target), cache or default_cache)
+    return ConvolutionBackwardExecutor(p, target_of(OP, target), cache or default_cache)
 
 
 def convolution_backward(grad_output: np.ndarray, input: np.ndarray, weight: np.ndarray, *,

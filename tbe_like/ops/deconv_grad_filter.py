@@ -17,7 +17,7 @@ import numpy as np
 from ..cache import KernelCache, default_cache
 from ..tune import records_fingerprint
 from . import kernels
-from .convolution_backward import _target
+from .arrays import check_array, dtype_name, target_of
 from .params import DECONV_OP, DeconvGradFilterParams, deconv_grad_filter_params
 
 
@@ -62,14 +62,8 @@ class DeconvGradFilterExecutor:
 
     def __call__(self, dy: np.ndarray, x: np.ndarray) -> np.ndarray:
         p = self.params
-        for name, a, shape in (("dy", dy, p.dy_shape), ("x", x, p.x_shape)):
-            if not isinstance(a, np.ndarray):
-                raise TypeError(f"{DECONV_OP}: {name} must be a numpy array, got "
-                                f"{type(a).__name__}")
-            if tuple(a.shape) != tuple(shape) or a.dtype.name != p.dtype:
-                raise ValueError(f"{DECONV_OP}: {name} must have shape {tuple(shape)} and dtype "
-                                 f"{p.dtype} (the executor was prepared for them), got shape "
-                                 f"{tuple(a.shape)} dtype {a.dtype.name}")
+        check_array(DECONV_OP, "dy", dy, p.dy_shape, p.dtype)
+        check_array(DECONV_OP, "x", x, p.x_shape, p.dtype)
         b = p.dy_shape[0]
         return self.kernel(np.ascontiguousarray(dy).reshape(b, 1, *p.dy_shape[1:]),
                            np.ascontiguousarray(x).reshape(b, 1, *p.x_shape[1:]))
@@ -79,14 +73,11 @@ def prepare_deconv_grad_filter(dy: Any, x: Any, *, kernel: Any, stride: Any, pad
                                dilation: Any, group: int, target: Any = None,
                                cache: KernelCache | None = None) -> DeconvGradFilterExecutor:
     """Validate and compile once; ``dy`` and ``x`` may be arrays or have ``.shape``/``.dtype``."""
-    for name, a in (("dy", dy), ("x", x)):
-        if not hasattr(a, "shape") or not hasattr(a, "dtype"):
-            raise TypeError(f"{DECONV_OP}: {name} must be a numpy array, got "
-                            f"{type(a).__name__}")
-    p = deconv_grad_filter_params(tuple(dy.shape), np.dtype(dy.dtype).name, tuple(x.shape),
-                                  np.dtype(x.dtype).name, kernel=kernel, stride=stride, pad=pad,
-                                  dilation=dilation, group=group)
-    return DeconvGradFilterExecutor(p, _target(DECONV_OP, target), cache or default_cache)
+    dy_dtype, x_dtype = dtype_name(DECONV_OP, "dy", dy), dtype_name(DECONV_OP, "x", x)
+    p = deconv_grad_filter_params(tuple(dy.shape), dy_dtype, tuple(x.shape), x_dtype,
+                                  kernel=kernel, stride=stride, pad=pad, dilation=dilation,
+                                  group=group)
+    return DeconvGradFilterExecutor(p, target_of(DECONV_OP, target), cache or default_cache)
 
 
 def deconv_grad_filter(dy: np.ndarray, x: np.ndarray, *, kernel: Any, stride: Any, pad: Any,
