@@ -27,8 +27,10 @@ from ..common import SAMPLE, divisors, fuse_parallel_vectorize, num_threads
 from ..registry import register
 
 # Vector registers an x86 core can give to accumulators, leaving room for loads and broadcasts:
-# 32 zmm registers with AVX-512 (16 fp32 lanes), 16 ymm/xmm registers otherwise.
-ACC_REGS = {16: 24, 8: 12, 4: 12}
+# 24 of the 32 zmm registers with AVX-512 (16 fp32 lanes). With 16 ymm/xmm registers a 12-register
+# tile (2 co x 3 kw x 2 vectors) spilled inside the wo loop and ran at 129 GFLOP/s on the
+# ResNet3D layer here (AVX2, 2 cores); 8 (4 co x 2 vectors) ran at 187.
+ACC_REGS = {16: 24, 8: 8, 4: 8}
 # Parallel chunks per thread: 2 iterations on 2 threads ran at one thread's speed here.
 CHUNKS_PER_THREAD = 2
 
@@ -43,7 +45,7 @@ class Knobs:
 def default_knobs(p: BackpropFilterParams, lanes: int, threads: int) -> Knobs:
     """The largest register tile that fits, then enough parallel chunks for every thread."""
     geo, g = p.geometry, p.geometry.group
-    budget = ACC_REGS.get(lanes, 12) // max(1, geo.c0 // lanes)
+    budget = ACC_REGS.get(lanes, 8) // max(1, geo.c0 // lanes)
     tiles = [(co, kw) for kw in divisors(geo.kernel[2]) for co in divisors(g.cout_g)
              if co * kw <= budget and co <= 8]
     co_tile, kw_tile = max(tiles, key=lambda t: (t[0] * t[1], t[0]))
