@@ -19,6 +19,7 @@ import os
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -57,8 +58,16 @@ def lookup(func, target: Target) -> Any | None:
     for d in records_dirs():
         if not (d / "database_tuning_record.json").is_file():
             continue
-        db = ms.database.JSONDatabase(work_dir=str(d), allow_missing=False)
-        sch = db.query_schedule(mod, target, workload_name="main")
+        try:
+            db = ms.database.JSONDatabase(work_dir=str(d), allow_missing=False)
+            sch = db.query_schedule(mod, target, workload_name="main")
+        except Exception as err:  # noqa: BLE001 - TVM raises its own error types here
+            # A damaged file, or a record whose trace no longer applies (made by an older
+            # template): the build goes on without it, and says so.
+            warnings.warn(f"tbe_like: ignoring the tuning records in {d}: "
+                          f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
+                          RuntimeWarning, stacklevel=2)
+            continue
         if sch is not None:
             return sch
     return None

@@ -1,4 +1,5 @@
-"""The stride-phase form of the input gradient: exact tap sets, no multiply-adds on zeros."""
+"""The stride-phase form of the input gradient: exact tap sets, no multiply-adds on zeros
+(stride-dilation zeros, and the padding rows of D)."""
 
 from __future__ import annotations
 
@@ -64,8 +65,37 @@ def _multiply_adds(tensors) -> int:
     return sum(math.prod(int(iv.dom.extent) for iv in block.iter_vars) for block in blocks)
 
 
-def _axis_work(size, kernel, stride, dilation, pad) -> int:
-    return sum(len(_brute_taps(i, kernel, stride, dilation, pad)) for i in range(size))
+def _axis_work(size, kernel, stride, dilation, pad, dy_size=None) -> int:
+    """Products landing on the axis's input rows; with ``dy_size``, only those of real dy rows
+    (not padding)."""
+    return sum(len([t for t in _brute_taps(i, kernel, stride, dilation, pad)
+                    if dy_size is None or 0 <= t[0] < dy_size]) for i in range(size))
+
+
+@pytest.mark.parametrize("stride", [1, 2, 3, 5])
+def test_segments_keep_exactly_the_taps_on_real_rows(stride):
+    """Split into border runs, a phase reads each real dy row it read before, and no padding."""
+    for size, kernel, dilation, pad in AXES:
+        dy_size = (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
+        if dy_size < 1:
+            continue
+        for ph in dx_compute.axis_phases(size, kernel, stride, dilation, pad):
+            runs = ph.segments(dy_size)
+            got = set()
+            for run in runs:
+                assert run.taps >= 1 and run.rows >= 1
+                for q in range(run.q0, run.q0 + run.rows):
+                    for j in range(run.taps):
+                        row = q + run.dy0 + j * run.dy_step
+                        assert 0 <= row < dy_size
+                        got.add((q, row, kernel - 1 - (run.flip0 + j * run.tap_step)))
+            want = {(q, t[0], t[1]) for q in range(ph.rows)
+                    for t in _brute_taps(q * stride + ph.r, kernel, stride, dilation, pad)
+                    if 0 <= t[0] < dy_size}
+            assert got == want, (size, kernel, stride, dilation, pad, ph.r)
+            # Runs are disjoint and in order; a kernel of k taps gives at most 2k - 1 runs.
+            starts = [run.q0 for run in runs]
+            assert starts == sorted(starts) and len(runs) <= 2 * kernel - 1
 
 
 @pytest.mark.parametrize("name", ["stride2-remainder", "stride3", "stride-123", "stride20",
@@ -75,9 +105,13 @@ def test_phase_form_does_only_the_nonzero_multiply_adds(name):
     p, inputs, phased, dense = _params_and_forms(case)
     g = p.geometry.group
     channels = p.geometry.batch * g.real_g * g.cin1_g * p.geometry.c0 * g.cout_g
+    # D rows are computed in border runs that skip the padding; H and W read their padding.
+    dy_depth = (case.spatial[0] + case.pads[0] + case.pads[1]
+                - case.dilations[0] * (case.kernel[0] - 1) - 1) // case.strides[0] + 1
     exact = channels * math.prod(
-        _axis_work(*args) for args in zip(case.spatial, case.kernel, case.strides,
-                                          case.dilations, case.pads[::2], strict=True))
+        _axis_work(*args, *([dy_depth] if axis == 0 else []))
+        for axis, args in enumerate(zip(case.spatial, case.kernel, case.strides,
+                                        case.dilations, case.pads[::2], strict=True)))
     assert _multiply_adds([*inputs, phased]) == exact
     dense_work = _multiply_adds([*inputs, dense])
     assert dense_work == channels * math.prod(case.spatial) * math.prod(case.kernel)
@@ -90,7 +124,13 @@ def test_phase_blocks_are_named_by_phase():
     names = [ph.name for ph in dx_compute.phases(p)]
     assert len(names) == len(set(names)) > 1
     assert all(n.startswith(stages.DX_MAD + "_") for n in names)
-    assert dx_compute.phases(_params_and_forms(CASES["k3-s1-pad1"])[0])[0].name == stages.DX_MAD
+    assert [ph.name for ph in dx_compute.phases(_params_and_forms(CASES["k1x1x1"])[0])] == [
+        stages.DX_MAD]
+    # Stride 1, pad 1 on D: the first and last rows read 2 of the 3 taps, in their own blocks.
+    runs = dx_compute.phases(_params_and_forms(CASES["k3-s1-pad1"])[0])
+    assert [ph.name for ph in runs] == [f"{stages.DX_MAD}_d{i}" for i in range(3)]
+    assert [(ph.axes[0].q0, ph.axes[0].rows, ph.axes[0].taps) for ph in runs] == [
+        (0, 1, 2), (1, 2, 3), (3, 1, 2)]
 
 
 UNREACHED = {

@@ -65,6 +65,19 @@ def test_no_records_means_the_default_template(tmp_path, monkeypatch):
     assert lookup(kernels.prim_func(graph), host_target()) is None
 
 
+def test_damaged_records_are_ignored_with_a_warning(tmp_path, monkeypatch):
+    """A records file that cannot be read (or a stale trace) never breaks a build."""
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for name in ("database_workload.json", "database_tuning_record.json"):
+        (bad / name).write_text("not json\n")
+    monkeypatch.setenv("TBE_LIKE_RECORDS", str(bad))
+    monkeypatch.setenv("TBE_LIKE_CACHE_DIR", str(tmp_path / "cache"))
+    graph = graph_of("grad_weight", CONV, kernels.Precision("float32", "float32"))
+    with pytest.warns(RuntimeWarning, match="ignoring the tuning records in .*bad"):
+        assert lookup(kernels.prim_func(graph), host_target()) is None
+
+
 @pytest.mark.slow
 def test_tune_command_writes_records_that_builds_apply(tmp_path):
     records = tmp_path / "records"

@@ -23,15 +23,18 @@ With stride s, only one in s of the dilated rows is not zero, so the dense form 
 rows ``i = q*s + r`` of one phase ``r`` are reached only by the taps ``a`` with
 ``(r + pad - a*dil) % s == 0``. With ``g = gcd(s, dil)`` these are ``a0(r) + j*(s/g)``, and tap
 ``j`` reads dy row ``q + const(r) - j*(dil/g)``: every phase is a dense correlation of the
-undilated dy with a sub-kernel, and phases without taps are zero. Stages: ``dx_dy_pad`` (dy
-padded, not dilated), ``dx_filter_flip`` (as above), one reduction per phase with taps, named
-``dx_mad`` (a single phase) or ``dx_mad_<rd>_<rh>_<rw>``, and ``dx_res``, which interleaves the
-phases. The reductions do exactly the multiply-adds of non-zero dy rows (plus the borders that
-the padding covers).
+undilated dy with a sub-kernel, and phases without taps are zero. Along D, a phase's rows are
+further split into runs that read the same taps inside dy (``AxisPhase.segments``): the border
+rows get blocks with fewer taps instead of multiplying the padding. Stages: ``dx_dy_pad`` (dy
+padded, not dilated), ``dx_filter_flip`` (as above), one reduction per phase and D run, named
+``dx_mad`` (a single one), ``dx_mad_<rd>_<rh>_<rw>`` (several phases), with ``_d<run>``
+appended when D is split, and ``dx_res``, which interleaves them. The reductions do exactly the
+multiply-adds of non-zero dy rows, plus those on the H and W padding.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -179,6 +182,32 @@ class AxisPhase:
     flip0: int
     tap_step: int
     q_step: int = 1
+    q0: int = 0  # the first row: a block computes rows q0 .. q0 + rows - 1 of the phase
+
+    def segments(self, size: int) -> list[AxisPhase]:
+        """The rows split into runs that read the same taps inside dy's ``size`` rows, each
+        with only those taps; rows that read nothing but padding are left out.
+
+        A correlation over the padded dy multiplies zeros wherever a tap lands in the padding:
+        on a 16-deep volume with a 3-tap kernel that is 1 row in 24 per side (8% of the work
+        with dilation 2). Computing the border rows in their own blocks with fewer taps skips it.
+        """
+        runs: list[AxisPhase] = []
+        for q in range(self.q0, self.q0 + self.rows):
+            base = q * self.q_step + self.dy0
+            lo = max(0, -(base // self.dy_step))  # first tap reading row >= 0
+            hi = min(self.taps, (size - 1 - base) // self.dy_step + 1)
+            if hi <= lo:
+                continue
+            last = runs[-1] if runs else None
+            if (last is not None and last.q0 + last.rows == q and last.taps == hi - lo
+                    and last.flip0 == self.flip0 + lo * self.tap_step):
+                runs[-1] = dataclasses.replace(last, rows=last.rows + 1)
+                continue
+            runs.append(dataclasses.replace(
+                self, rows=1, taps=hi - lo, dy0=self.dy0 + lo * self.dy_step,
+                flip0=self.flip0 + lo * self.tap_step, q0=q))
+        return runs
 
 
 def axis_phases(size: int, kernel: int, stride: int, dilation: int, pad: int) -> list[AxisPhase]:
@@ -217,15 +246,28 @@ class Phase:
         return tuple(a.taps for a in self.axes)
 
 
+def _plan(per_axis: list[list[AxisPhase]], dy_depth: int) -> list[Phase]:
+    """Every combination of the axes' phases, the D phases split into border runs
+    (``AxisPhase.segments``); named ``dx_mad``, ``dx_mad_<rd>_<rh>_<rw>`` when there are several
+    phases, with ``_d<run>`` appended when the D rows are split."""
+    several = math.prod(len(axes) for axes in per_axis) > 1
+    plan = []
+    for d_axis, h_axis, w_axis in itertools.product(*per_axis):
+        runs = d_axis.segments(dy_depth)
+        name = (f"{stages.DX_MAD}_{d_axis.r}_{h_axis.r}_{w_axis.r}" if several
+                else stages.DX_MAD)
+        for i, run in enumerate(runs):
+            plan.append(Phase(f"{name}_d{i}" if len(runs) > 1 else name,
+                              (run, h_axis, w_axis)))
+    return plan
+
+
 def phases(p: BackpropInputParams) -> list[Phase]:
     """The reduction stages of the stride-phase form, named as the schedules find them."""
     geo = p.geometry
     per_axis = [axis_phases(*args) for args in zip(geo.in_spatial, geo.kernel, geo.strides,
                                                     geo.dilations, geo.pads_before, strict=True)]
-    combos = list(itertools.product(*per_axis))
-    if len(combos) == 1:
-        return [Phase(stages.DX_MAD, combos[0])]
-    return [Phase(f"{stages.DX_MAD}_{a.r}_{b.r}_{c.r}", (a, b, c)) for a, b, c in combos]
+    return _plan(per_axis, geo.out_spatial[0])
 
 
 def _pad_phases(dy: te.Tensor, p: BackpropInputParams, plan: list[Phase]
@@ -234,8 +276,9 @@ def _pad_phases(dy: te.Tensor, p: BackpropInputParams, plan: list[Phase]
     lead, extent = [], []
     for axis in range(3):
         axes = [ph.axes[axis] for ph in plan]
-        lo = max(0, max(-a.dy0 for a in axes))
-        hi = max((a.rows - 1) * a.q_step + a.dy0 + (a.taps - 1) * a.dy_step for a in axes)
+        lo = max(0, max(-(a.q0 * a.q_step + a.dy0) for a in axes))
+        hi = max((a.q0 + a.rows - 1) * a.q_step + a.dy0 + (a.taps - 1) * a.dy_step
+                 for a in axes)
         lead.append(lo)
         extent.append(hi + lo + 1)
     return _padded(dy, p, extent, lead, p.geometry.out_spatial), tuple(lead)
@@ -254,9 +297,9 @@ def _mad_phase(dy_pad: te.Tensor, lead: tuple[int, int, int], w_flip: te.Tensor,
     def body(nn, qd, cb, qh, qw, ci0):
         grp = _merged_group(cb, g)
         co_block = grp * (g.cout_g // c0) + rco // c0
-        x = dy_pad[nn, qd * pd.q_step + (pd.dy0 + lead[0]) + ra * pd.dy_step, co_block,
-                   qh * ph.q_step + (ph.dy0 + lead[1]) + rb * ph.dy_step,
-                   qw * pw.q_step + (pw.dy0 + lead[2]) + rc * pw.dy_step, rco % c0]
+        x = dy_pad[nn, (qd + pd.q0) * pd.q_step + (pd.dy0 + lead[0]) + ra * pd.dy_step,
+                   co_block, (qh + ph.q0) * ph.q_step + (ph.dy0 + lead[1]) + rb * ph.dy_step,
+                   (qw + pw.q0) * pw.q_step + (pw.dy0 + lead[2]) + rc * pw.dy_step, rco % c0]
         k = w_flip[grp, pd.flip0 + ra * pd.tap_step, ph.flip0 + rb * ph.tap_step,
                    pw.flip0 + rc * pw.tap_step, rco, (cb % g.cin1_g) * c0 + ci0]
         return te.sum(x.astype(ACC_DTYPE) * k.astype(ACC_DTYPE), axis=[rco, ra, rb, rc])
@@ -264,20 +307,27 @@ def _mad_phase(dy_pad: te.Tensor, lead: tuple[int, int, int], w_flip: te.Tensor,
     return te.compute(shape, body, name=phase.name, tag=_tag("mad"))
 
 
-def _interleave(parts: list[tuple[Phase, te.Tensor]], strides: tuple[int, int, int]):
-    """``acc(n, d, cb, h, w, c)`` reading the phase tensor that holds (d, h, w), else zero."""
+def _interleave(parts: list[tuple[Phase, te.Tensor]], strides: tuple[int, int, int],
+                sizes: tuple[int, int, int]):
+    """``acc(n, d, cb, h, w, c)`` reading the phase tensor that holds (d, h, w), else zero
+    (``sizes``: the input rows per axis)."""
 
     def acc(nn, d, cb, h, w, cc):
         value = tirx.const(0, ACC_DTYPE)
         for phase, tensor in parts:
             conds, index = [], []
-            for v, s, axis in zip((d, h, w), strides, phase.axes, strict=True):
-                if s == 1:
+            for v, s, size, axis in zip((d, h, w), strides, sizes, phase.axes, strict=True):
+                q = v if s == 1 else v // s
+                if s > 1:
+                    conds.append(v % s == axis.r)
+                whole = axis.q0 == 0 and axis.rows == -(-(size - axis.r) // s)
+                if whole and s == 1:
                     index.append(v)
                     continue
-                conds.append(v % s == axis.r)
-                # Clamped: a row of another phase may lie one past this phase's last row.
-                index.append(tirx.min(v // s, axis.rows - 1))
+                if not whole:
+                    conds += [q >= axis.q0, q < axis.q0 + axis.rows]
+                # Clamped: a row of another phase or run may lie outside this block's rows.
+                index.append(tirx.max(tirx.min(q - axis.q0, axis.rows - 1), 0))
             read = tensor[nn, index[0], cb, index[1], index[2], cc]
             value = read if not conds else tirx.if_then_else(tirx.all(*conds), read, value)
         return value
@@ -319,7 +369,7 @@ def _phase_correlation(w, dy, p, plan, strides, bias, attrs) -> te.Tensor:
         dy_pad, lead = _pad_phases(dy, p, plan)
         w_flip = _flip(w, p)
         parts = [(ph, _mad_phase(dy_pad, lead, w_flip, p, ph)) for ph in plan]
-    return _result(_interleave(parts, strides), bias, p, attrs)
+    return _result(_interleave(parts, strides, p.geometry.in_spatial), bias, p, attrs)
 
 
 def conv3d_forward(w: te.Tensor, x: te.Tensor, p: BackpropInputParams,
@@ -339,4 +389,5 @@ def conv3d_forward(w: te.Tensor, x: te.Tensor, p: BackpropInputParams,
                  for rows, k, stride, dil, pad in zip(geo.in_spatial, geo.kernel, geo.strides,
                                                       geo.dilations, geo.pads_before,
                                                       strict=True))
-    return _phase_correlation(w, x, p, [Phase(stages.DX_MAD, axes)], (1, 1, 1), None, attrs)
+    plan = _plan([[axis] for axis in axes], geo.out_spatial[0])
+    return _phase_correlation(w, x, p, plan, (1, 1, 1), None, attrs)

@@ -1,0 +1,80 @@
+"""Tune both gradients of the CPU benchmark suite and store the records (what ships in
+``tbe_like/records/``).
+
+    python benchmarks/tune_suite.py [--trials 16] [--only NAME ...] [--records DIR]
+
+Each (shape, gradient) is one ``python -m tbe_like tune`` run in its own process (MetaSchedule
+is happiest with one tuning per process); the tuning time per shape and the best time are
+printed as a table and written as JSON next to the records. Records are per target: those in
+the repository were tuned for the CPU named in ``tuning_log.json`` and apply only there; other
+machines build the untuned templates (or tune themselves).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_cpu import SUITE  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+BEST = re.compile(r"best ([0-9.]+) ms \(([0-9.]+) GFLOP/s\)")
+
+
+def command(shape, gradient: str, trials: int, per_iter: int, records: Path) -> list[str]:
+    return [sys.executable, "-m", "tbe_like", "tune", "--gradient", gradient,
+            "--input", ",".join(map(str, (shape.n, shape.cin, *shape.spatial))),
+            "--cout", str(shape.cout), "--kernel", ",".join(map(str, shape.kernel)),
+            "--stride", str(shape.stride), "--padding", str(shape.pad),
+            "--dilation", str(shape.dilation), "--groups", str(shape.groups),
+            "--dtype", shape.dtype, "--trials", str(trials), "--per-iter", str(per_iter),
+            "--records", str(records)]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--trials", type=int, default=16)
+    ap.add_argument("--per-iter", type=int, default=8)
+    ap.add_argument("--only", nargs="*", help="shape names to tune")
+    ap.add_argument("--records", default=str(REPO / "tbe_like" / "records"))
+    args = ap.parse_args(argv)
+    records = Path(args.records)
+    shapes = [s for s in SUITE if not args.only or s.name in args.only]
+    rows = []
+    print(f"{'shape':18} {'grad':6} {'trials':>6} {'tune s':>7} {'best ms':>9} {'GF/s':>7}")
+    for shape in shapes:
+        for gradient in ("weight", "input"):
+            start = time.perf_counter()
+            run = subprocess.run(command(shape, gradient, args.trials, args.per_iter, records),
+                                 capture_output=True, text=True, cwd=REPO)
+            seconds = time.perf_counter() - start
+            found = BEST.findall(run.stdout)
+            if run.returncode != 0 or not found:
+                print(run.stdout[-2000:], run.stderr[-2000:], file=sys.stderr)
+                print(f"{shape.name} {gradient}: tuning failed (exit {run.returncode})",
+                      file=sys.stderr)
+                return 1
+            ms, gflops = (float(v) for v in found[-1])
+            rows.append({"shape": shape.name, "gradient": gradient, "trials": args.trials,
+                         "tune_s": round(seconds, 1), "best_ms": ms, "gflops": gflops})
+            print(f"{shape.name:18} {gradient:6} {args.trials:6} {seconds:7.0f} {ms:9.2f} "
+                  f"{gflops:7.1f}", flush=True)
+    from tbe_like.target import host_target
+
+    log = records / "tuning_log.json"
+    previous = json.loads(log.read_text())["rows"] if log.is_file() else []
+    done = {(r["shape"], r["gradient"]) for r in rows}
+    rows = [r for r in previous if (r["shape"], r["gradient"]) not in done] + rows
+    log.write_text(json.dumps({"target": str(host_target()), "rows": rows}, indent=2) + "\n")
+    print(f"wrote {records}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
