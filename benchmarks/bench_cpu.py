@@ -80,11 +80,16 @@ def _median_seconds(fn, repeat: int, budget: float) -> float:
 
 
 def run(shapes, repeat: int, budget: float, torch_limit: float) -> list[dict]:
+    import tempfile
+
     import torch
 
     from tbe_like import ops
+    from tbe_like.cache import KernelCache
     from tbe_like.target import host_target
 
+    # A fresh kernel cache, so that "build s" is the real compile time of every kernel.
+    cache = KernelCache(tempfile.mkdtemp(prefix="tbe_like_bench_"))
     rows = []
     for s in shapes:
         rng = np.random.default_rng(0)
@@ -104,7 +109,7 @@ def run(shapes, repeat: int, budget: float, torch_limit: float) -> list[dict]:
         for grad, mask in (("weight", (False, True, False)), ("input", (True, False, False))):
             t0 = time.perf_counter()
             ex = ops.prepare_convolution_backward(go, x, w, bias_sizes=None, output_mask=mask,
-                                                  **params)
+                                                  cache=cache, **params)
             compile_s = time.perf_counter() - t0
             kernel = ex.kernels["grad_" + grad]
             args = (go, w) if grad == "input" else (x, go)
@@ -119,7 +124,8 @@ def run(shapes, repeat: int, budget: float, torch_limit: float) -> list[dict]:
             once = time.perf_counter() - t0
             theirs = once if once > torch_limit else _median_seconds(torch_call, repeat, budget)
             gf = s.flops() / 1e9
-            rows.append({"shape": s.name, "gradient": grad, "dtype": s.dtype,
+            tuned = bool(kernel.metadata["para_dict"].get("tuned"))
+            rows.append({"shape": s.name, "gradient": grad, "dtype": s.dtype, "tuned": tuned,
                          "gflop": round(gf, 2), "compile_s": round(compile_s, 2),
                          "tbe_like_ms": round(ours * 1e3, 2), "torch_ms": round(theirs * 1e3, 2),
                          "tbe_like_gflops": round(gf / ours, 1),
@@ -129,7 +135,8 @@ def run(shapes, repeat: int, budget: float, torch_limit: float) -> list[dict]:
             r = rows[-1]
             print(f"{s.name:18} {grad:6} {s.dtype:8} {r['tbe_like_ms']:10.2f} "
                   f"{r['tbe_like_gflops']:8.1f} {r['torch_ms']:10.2f} {r['torch_gflops']:8.1f} "
-                  f"{r['ratio']:6.2f} {r['compile_s']:7.2f}", flush=True)
+                  f"{r['ratio']:6.2f} {r['compile_s']:7.2f} {'yes' if tuned else 'no':>5}",
+                  flush=True)
     return rows
 
 
@@ -142,7 +149,11 @@ def main(argv=None) -> int:
     ap.add_argument("--torch-limit", type=float, default=30.0,
                     help="time PyTorch once only when one call takes longer (seconds)")
     ap.add_argument("--json", default="bench_cpu.json")
+    ap.add_argument("--untuned", action="store_true",
+                    help="ignore every tuning record (TBE_LIKE_TUNED=0): the default templates")
     args = ap.parse_args(argv)
+    if args.untuned:
+        os.environ["TBE_LIKE_TUNED"] = "0"
     try:
         import torch
     except ImportError:
@@ -160,7 +171,7 @@ def main(argv=None) -> int:
           f"{torch.get_num_threads()} | torch {torch.__version__} | {platform.processor() or ''}"
           f" {platform.machine()}")
     print(f"{'shape':18} {'grad':6} {'dtype':8} {'tbe ms':>10} {'tbe GF/s':>8} {'torch ms':>10} "
-          f"{'torch GF/s':>8} {'ratio':>6} {'build s':>7}")
+          f"{'torch GF/s':>8} {'ratio':>6} {'build s':>7} {'tuned':>5}")
     rows = run(shapes, args.repeat, args.budget, args.torch_limit)
     summary = {}
     for grad in ("weight", "input"):
@@ -169,7 +180,8 @@ def main(argv=None) -> int:
             summary[grad] = round(math.exp(statistics.mean(math.log(v) for v in ratios)), 2)
             print(f"geometric mean torch/tbe_like, {grad} gradient: {summary[grad]:.2f}")
     with open(args.json, "w") as f:
-        json.dump({"threads": threads, "torch": torch.__version__, "rows": rows,
+        json.dump({"threads": threads, "torch": torch.__version__, "untuned": args.untuned,
+                   "rows": rows,
                    "geomean_ratio": summary}, f, indent=2)
     print(f"wrote {args.json}")
     return 0

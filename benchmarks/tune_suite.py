@@ -4,8 +4,10 @@
     python benchmarks/tune_suite.py [--trials 16] [--only NAME ...] [--records DIR]
 
 Each (shape, gradient) is one ``python -m tbe_like tune`` run in its own process (MetaSchedule
-is happiest with one tuning per process); the tuning time per shape and the best time are
-printed as a table and written as JSON next to the records. Records are per target: those in
+is happiest with one tuning per process): every measured candidate goes to ``--search``, then
+the best few are re-measured against the untuned template and a record is kept only where one
+is faster. The tuning time per shape and the best time are printed as a table and written as
+JSON next to the records. Records are per target: those in
 the repository were tuned for the CPU named in ``tuning_log.json`` and apply only there; other
 machines build the untuned templates (or tune themselves).
 """
@@ -27,14 +29,39 @@ REPO = Path(__file__).resolve().parents[1]
 BEST = re.compile(r"best ([0-9.]+) ms \(([0-9.]+) GFLOP/s\)")
 
 
-def command(shape, gradient: str, trials: int, per_iter: int, records: Path) -> list[str]:
+def command(shape, gradient: str, trials: int, per_iter: int, records: Path, search: Path
+            ) -> list[str]:
     return [sys.executable, "-m", "tbe_like", "tune", "--gradient", gradient,
             "--input", ",".join(map(str, (shape.n, shape.cin, *shape.spatial))),
             "--cout", str(shape.cout), "--kernel", ",".join(map(str, shape.kernel)),
             "--stride", str(shape.stride), "--padding", str(shape.pad),
             "--dilation", str(shape.dilation), "--groups", str(shape.groups),
             "--dtype", shape.dtype, "--trials", str(trials), "--per-iter", str(per_iter),
-            "--records", str(records)]
+            "--records", str(records), "--search", str(search)]
+
+
+def compact(records: Path) -> None:
+    """Keep only the best record of each workload (what builds replay): the database grows by
+    every measured candidate otherwise."""
+    import shutil
+    import tempfile
+
+    from tvm.s_tir import meta_schedule as ms
+
+    db = ms.database.JSONDatabase(work_dir=str(records), allow_missing=False)
+    workloads = []
+    for record in db.get_all_tuning_records():
+        if not any(record.workload.same_as(w) for w in workloads):
+            workloads.append(record.workload)
+    with tempfile.TemporaryDirectory() as tmp:
+        best = ms.database.JSONDatabase(work_dir=tmp)
+        for wl in workloads:
+            (top,) = db.get_top_k(wl, 1)
+            best.commit_tuning_record(ms.database.TuningRecord(
+                top.trace, best.commit_workload(wl.mod), top.run_secs, top.target,
+                top.args_info))
+        for name in ("database_workload.json", "database_tuning_record.json"):
+            shutil.copyfile(Path(tmp) / name, records / name)
 
 
 def main(argv=None) -> int:
@@ -43,15 +70,20 @@ def main(argv=None) -> int:
     ap.add_argument("--per-iter", type=int, default=8)
     ap.add_argument("--only", nargs="*", help="shape names to tune")
     ap.add_argument("--records", default=str(REPO / "tbe_like" / "records"))
+    ap.add_argument("--search", default=str(REPO / ".tune_search"),
+                    help="every measured candidate (not shipped)")
+    ap.add_argument("--select-only", action="store_true",
+                    help="no search: re-select the records from --search")
     args = ap.parse_args(argv)
-    records = Path(args.records)
+    records, search = Path(args.records), Path(args.search)
+    trials = 0 if args.select_only else args.trials
     shapes = [s for s in SUITE if not args.only or s.name in args.only]
     rows = []
     print(f"{'shape':18} {'grad':6} {'trials':>6} {'tune s':>7} {'best ms':>9} {'GF/s':>7}")
     for shape in shapes:
         for gradient in ("weight", "input"):
             start = time.perf_counter()
-            run = subprocess.run(command(shape, gradient, args.trials, args.per_iter, records),
+            run = subprocess.run(command(shape, gradient, trials, args.per_iter, records, search),
                                  capture_output=True, text=True, cwd=REPO)
             seconds = time.perf_counter() - start
             found = BEST.findall(run.stdout)
@@ -61,10 +93,15 @@ def main(argv=None) -> int:
                       file=sys.stderr)
                 return 1
             ms, gflops = (float(v) for v in found[-1])
-            rows.append({"shape": shape.name, "gradient": gradient, "trials": args.trials,
-                         "tune_s": round(seconds, 1), "best_ms": ms, "gflops": gflops})
-            print(f"{shape.name:18} {gradient:6} {args.trials:6} {seconds:7.0f} {ms:9.2f} "
-                  f"{gflops:7.1f}", flush=True)
+            stored = "stored the tuned schedule" in run.stderr
+            rows.append({"shape": shape.name, "gradient": gradient, "trials": trials,
+                         "tune_s": round(seconds, 1), "best_ms": ms, "gflops": gflops,
+                         "record": stored})
+            print(f"{shape.name:18} {gradient:6} {trials:6} {seconds:7.0f} {ms:9.2f} "
+                  f"{gflops:7.1f} {'record' if stored else 'untuned template kept'}",
+                  flush=True)
+    if (records / "database_tuning_record.json").is_file():
+        compact(records)
     from tbe_like.target import host_target
 
     log = records / "tuning_log.json"

@@ -66,9 +66,12 @@ def _tune(args) -> int:
     def space(sch):
         return kernels.schedule(sch, graph, target, knobs=SAMPLE)
 
+    def default(sch):
+        return kernels.schedule(sch, graph, target)
+
     start = time.perf_counter()
     best = tune(func, space, target, args.trials, records, conv.flops(),
-                per_iter=args.per_iter)
+                per_iter=args.per_iter, default=default, search=args.search)
     minutes = (time.perf_counter() - start) / 60
     flops = conv.flops()
     print(f"best {best * 1e3:.3f} ms ({flops / best / 1e9:.1f} GFLOP/s) after {args.trials} "
@@ -90,10 +93,13 @@ def main(argv=None) -> int:
     t.add_argument("--groups", type=int, default=1)
     t.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     t.add_argument("--cube-math-type", type=int, default=0)
-    t.add_argument("--trials", type=int, default=64)
+    t.add_argument("--trials", type=int, default=64, help="0: no search (see --search)")
     t.add_argument("--per-iter", type=int, default=16, help="candidates measured per round")
     t.add_argument("--target", default=None, help='"llvm" (this CPU, default) or "cuda"')
     t.add_argument("--records", default=None, help="records folder (default: the user's)")
+    t.add_argument("--search", default=None,
+                   help="where every measured candidate is kept (default: <records>/search); "
+                        "with --trials 0, select from it without searching")
     args = ap.parse_args(argv)
     if args.command == "tune":
         return _tune(args)

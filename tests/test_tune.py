@@ -17,7 +17,7 @@ from tbe_like.ops import kernels
 from tbe_like.ops.convolution_backward import graph_of
 from tbe_like.target import host_target
 from tbe_like.testing import reference as ref
-from tbe_like.tune import lookup, records_fingerprint
+from tbe_like.tune import lookup, records_fingerprint, select
 
 CONV = kernels.Conv3d(batch=2, cin=16, cout=32, in_spatial=(3, 7, 8), out_spatial=(2, 4, 4),
                       kernel=(2, 3, 3), strides=(1, 2, 2), pads=(0, 0, 1, 1, 1, 0),
@@ -65,6 +65,16 @@ def test_no_records_means_the_default_template(tmp_path, monkeypatch):
     assert lookup(kernels.prim_func(graph), host_target()) is None
 
 
+def test_tuned_0_ignores_every_record(monkeypatch):
+    from tbe_like.tune import records_dirs
+
+    assert records_dirs()  # the user's, the cache's and the shipped records
+    monkeypatch.setenv("TBE_LIKE_TUNED", "0")
+    assert records_dirs() == []
+    graph = graph_of("grad_weight", CONV, kernels.Precision("float32", "float32"))
+    assert lookup(kernels.prim_func(graph), host_target()) is None
+
+
 def test_damaged_records_are_ignored_with_a_warning(tmp_path, monkeypatch):
     """A records file that cannot be read (or a stale trace) never breaks a build."""
     bad = tmp_path / "bad"
@@ -88,6 +98,20 @@ def test_tune_command_writes_records_that_builds_apply(tmp_path):
          "--per-iter", "2", "--records", str(records)],
         capture_output=True, text=True, timeout=900, env=env, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # Every candidate is in the search database; a record is kept only if it beats the
+    # untuned template (re-measured side by side), which on so small a kernel is chance.
+    assert len((records / "search" / "database_tuning_record.json").read_text().splitlines()
+               ) >= 4
+    assert ("stored the tuned schedule" in done.stderr) == (
+        records / "database_tuning_record.json").is_file()
+    # Select again with no margin required, so that a record exists to apply.
+    conv = kernels.Conv3d(1, 16, 16, (3, 8, 8), (3, 8, 8), (3, 3, 3), (1, 1, 1), (1,) * 6,
+                          (1, 1, 1), 1)
+    graph = graph_of("grad_weight", conv, kernels.Precision("float32", "float32"))
+    target = host_target()
+    select(kernels.prim_func(graph), lambda sch: kernels.schedule(sch, graph, target), target,
+           records / "search", tmp_path / "picked", margin=-1.0)
+    records = tmp_path / "picked"
     assert (records / "database_tuning_record.json").stat().st_size > 0
     before = records_fingerprint()
     os.environ["TBE_LIKE_RECORDS"] = str(records)
