@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_cpu import SUITE  # noqa: E402
+from bench_cpu import SUITE
 
 REPO = Path(__file__).resolve().parents[1]
 BEST = re.compile(r"best ([0-9.]+) ms \(([0-9.]+) GFLOP/s\)")

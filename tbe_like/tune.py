@@ -65,7 +65,7 @@ def lookup(func, target: Target) -> Any | None:
         try:
             db = ms.database.JSONDatabase(work_dir=str(d), allow_missing=False)
             sch = db.query_schedule(mod, target, workload_name="main")
-        except Exception as err:  # noqa: BLE001 - TVM raises its own error types here
+        except Exception as err:
             # A damaged file, or a record whose trace no longer applies (made by an older
             # template): the build goes on without it, and says so.
             warnings.warn(f"tbe_like: ignoring the tuning records in {d}: "
