@@ -48,18 +48,17 @@ def compact(records: Path) -> None:
 
     from tvm.s_tir import meta_schedule as ms
 
+    from tbe_like.tune import keep_record
+
     db = ms.database.JSONDatabase(work_dir=str(records), allow_missing=False)
     workloads = []
     for record in db.get_all_tuning_records():
         if not any(record.workload.same_as(w) for w in workloads):
             workloads.append(record.workload)
     with tempfile.TemporaryDirectory() as tmp:
-        best = ms.database.JSONDatabase(work_dir=tmp)
         for wl in workloads:
             (top,) = db.get_top_k(wl, 1)
-            best.commit_tuning_record(ms.database.TuningRecord(
-                top.trace, best.commit_workload(wl.mod), top.run_secs, top.target,
-                top.args_info))
+            keep_record(tmp, top, wl.mod)
         for name in ("database_workload.json", "database_tuning_record.json"):
             shutil.copyfile(Path(tmp) / name, records / name)
 

@@ -176,6 +176,19 @@ def _race(runners: list[Callable[[], float]], rounds: int = 5) -> list[float]:
     return best
 
 
+def keep_record(records: str | os.PathLike, record, mod: IRModule, run_secs=None,
+                target: Target | None = None) -> None:
+    """Copy a tuning ``record`` of workload ``mod`` into the database in ``records`` (created),
+    with other measured ``run_secs`` or ``target`` when given."""
+    ms = _ms()
+    Path(records).mkdir(parents=True, exist_ok=True)
+    db = ms.database.JSONDatabase(work_dir=str(records))
+    db.commit_tuning_record(ms.database.TuningRecord(
+        record.trace, db.commit_workload(mod),
+        record.run_secs if run_secs is None else run_secs,
+        record.target if target is None else target, record.args_info))
+
+
 def select(func, default: Callable, target: Target, search: str | os.PathLike,
            records: str | os.PathLike, top_k: int = 3, margin: float = 0.03,
            out=sys.stderr) -> tuple[float, float]:
@@ -205,10 +218,7 @@ def select(func, default: Callable, target: Target, search: str | os.PathLike,
         if secs < best_secs:
             best, best_secs = record, secs
     if best is not None and best_secs < base * (1 - margin):
-        Path(records).mkdir(parents=True, exist_ok=True)
-        keep = ms.database.JSONDatabase(work_dir=str(records))
-        keep.commit_tuning_record(ms.database.TuningRecord(
-            best.trace, keep.commit_workload(mod), [best_secs], target, best.args_info))
+        keep_record(records, best, mod, [best_secs], target)
         print(f"stored the tuned schedule: {best_secs * 1e3:.3f} ms, untuned "
               f"{base * 1e3:.3f} ms", file=out)
         return best_secs, base
@@ -257,10 +267,7 @@ def tune(func, space: Callable, target: Target, trials: int, records: str | os.P
     best = db.get_top_k(db.commit_workload(workload(func)), 1)
     if not best:
         return math.inf
-    keep = ms.database.JSONDatabase(work_dir=str(records))
-    keep.commit_tuning_record(ms.database.TuningRecord(
-        best[0].trace, keep.commit_workload(workload(func)), best[0].run_secs, target,
-        best[0].args_info))
+    keep_record(records, best[0], workload(func), target=target)
     return sum(float(s) for s in best[0].run_secs) / len(best[0].run_secs)
 
 

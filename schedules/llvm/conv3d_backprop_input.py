@@ -88,8 +88,8 @@ def _schedule_mad(sch, name: str, knobs: Knobs | str) -> None:
 @register(INPUT_OP, "llvm")
 def schedule(sch, p: BackpropInputParams, target, knobs: Knobs | str | None = None):
     """``knobs`` fixes the tile of every reduction (by default each gets its widest fit);
-    ``SAMPLE`` draws each reduction's tile and chunk with ``sample_perfect_tile`` (a search
-    space)."""
+    ``SAMPLE`` draws each reduction's tile (``sample_categorical`` over ``W_TILES``) and chunk
+    (``sample_perfect_tile``): a search space."""
     lanes = vector_lanes(target)
     names = block_names(sch)
     if stages.DX_DY_DILATE in names:
