@@ -54,9 +54,9 @@ def _tune(args) -> int:
         output_mask=(args.gradient == "input", args.gradient == "weight", False),
         cube_math_type=args.cube_math_type)
     conv = conv_of(p)
-    prec = kernels.Precision(p.dtype, p.compute_dtype, p.hf32)
-    graph = graph_of("grad_" + args.gradient, conv, prec)
     target = resolve_target(args.target)
+    prec = kernels.Precision.on(target, p.dtype, p.compute_dtype, p.hf32)
+    graph = graph_of("grad_" + args.gradient, conv, prec)
     records = args.records or str(cache_dir() / "records")
     print(f"tuning the {args.gradient} gradient of x {tuple(x)} -> y {go_shape}, weight "
           f"{w_shape}, stride {stride}, padding {padding}, dilation {dilation}, groups "

@@ -133,6 +133,18 @@ class Kernel:
         outs = tuple(a.numpy() for a in args[len(self.inputs):])
         return outs[0] if len(outs) == 1 else outs
 
+    def runner(self, *arrays: np.ndarray):
+        """A function of no arguments that runs the kernel once on ``arrays`` (copied to the
+        device once, here) and waits for it: for timing it side by side with something else."""
+        args = self._device_args(arrays)
+        dev = args[0].device
+
+        def run() -> None:
+            self._func(*args)
+            dev.sync()
+
+        return run
+
     def time(self, *arrays: np.ndarray, repeat: int = 5, min_seconds: float = 0.2) -> float:
         """Median seconds of one call (excluding host/device copies), over ``repeat`` batches."""
         args = self._device_args(arrays)

@@ -64,7 +64,7 @@ class ConvolutionBackwardExecutor:
         self.params = p
         self.target = target
         conv = conv_of(p)
-        prec = kernels.Precision(p.dtype, p.compute_dtype, p.hf32)
+        prec = kernels.Precision.on(target, p.dtype, p.compute_dtype, p.hf32)
         self.kernels: dict[str, Kernel] = {}
         want_input, want_weight, _ = p.output_mask
         if want_input:

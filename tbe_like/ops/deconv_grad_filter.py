@@ -30,7 +30,7 @@ def conv_of(p: DeconvGradFilterParams) -> kernels.Conv3d:
                           dilations=(1, *p.dilation), groups=p.group)
 
 
-def _graph(p: DeconvGradFilterParams) -> kernels.Graph:
+def _graph(p: DeconvGradFilterParams, target) -> kernels.Graph:
     conv = conv_of(p)
     kh, kw = p.kernel
     cout_pg = conv.cout // conv.groups  # in_c / group
@@ -40,7 +40,7 @@ def _graph(p: DeconvGradFilterParams) -> kernels.Graph:
         return g * cout_pg + ci, row // (kh * kw), 0, row // kw % kh, row % kw
 
     return kernels.grad_weight(
-        conv, kernels.Precision(p.dtype, p.dtype), names=("dy", "x", "dw"),
+        conv, kernels.Precision.on(target, p.dtype, p.dtype), names=("dy", "x", "dw"),
         channels_last=True, out_layout=(p.out_shape, index, "G,CoKhKw,Ci"),
         x_spatial=(1, *p.dy_shape[1:3]))
 
@@ -54,7 +54,7 @@ class DeconvGradFilterExecutor:
         fields = {"params": p.as_dict(), "records": records_fingerprint()}
 
         def build(output_dir, kernel_name):
-            kernels.build(_graph(p), target, output_dir, kernel_name, DECONV_OP,
+            kernels.build(_graph(p, target), target, output_dir, kernel_name, DECONV_OP,
                           {"params": p.seed_params(), "dtype": p.dtype})
 
         self.kernel = cache.get(DECONV_OP, fields, target, build)
