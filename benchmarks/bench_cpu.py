@@ -71,9 +71,13 @@ TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float1
 QUICK = [Shape("quick", 2, 32, (8, 28, 28), 32, (3, 3, 3), 1, 1)]
 
 
-def _block(fn, calls: int) -> float:
-    """Median seconds of ``calls`` calls of ``fn`` after one untimed call."""
+def _block(fn, calls: int, settle: float = 0.1) -> float:
+    """Median seconds of ``calls`` calls of ``fn`` after untimed ones for ``settle`` seconds
+    (one at least)."""
+    start = time.perf_counter()
     fn()
+    while time.perf_counter() - start < settle:
+        fn()
     times = []
     for _ in range(calls):
         t0 = time.perf_counter()
@@ -88,10 +92,10 @@ def _side_by_side(ours, theirs, rounds: int, budget: float, calls: int = 3
     (theirs / ours).
 
     The host is shared and its speed changed by up to 2x within a minute here, so the two are
-    timed in alternating blocks rather than one after the other. A block starts with an untimed
-    call: right after PyTorch returns, its OpenMP threads keep spinning for a while, and a kernel
-    started then took twice its time (sleeping between calls instead made PyTorch's next call
-    30 ms slower).
+    timed in alternating blocks rather than one after the other. A block starts with untimed
+    calls for 0.1 s: after PyTorch returns, its OpenMP threads keep spinning for 20-30 ms here,
+    and a kernel started then took twice its time (sleeping between calls instead made PyTorch's
+    next call 30 ms slower). tbe_like's own workers do not spin (``tbe_like.target``).
     """
     pairs = []
     start = time.perf_counter()

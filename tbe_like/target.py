@@ -5,6 +5,9 @@ without FMA (about 4x slower), so the host CPU is named explicitly, read from LL
 CUDA targets name their GPU architecture (``sm_80`` unless told otherwise).
 TVM's thread pool sizes itself to half the hardware threads (it assumes hyper-threading), which is
 one thread on a 2-core machine: ``ensure_threads`` sets ``TVM_NUM_THREADS`` before the pool starts.
+It also sets ``TVM_THREAD_POOL_SPIN_COUNT=0`` (unless set): TVM's idle workers otherwise spin for a
+while after every kernel, and a PyTorch call made right after one ran up to 8x slower here, its
+threads sharing the two cores with the spinning ones. A kernel's own time did not change.
 """
 
 from __future__ import annotations
@@ -38,7 +41,9 @@ def ensure_threads() -> int:
     """Make TVM's runtime use every allowed core unless the user chose a number; return it.
 
     Must run before the first parallel kernel starts TVM's thread pool; importing tbe_like does it.
+    Idle workers sleep at once instead of spinning (``TVM_THREAD_POOL_SPIN_COUNT``, see above).
     """
+    os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
     return int(os.environ.setdefault("TVM_NUM_THREADS", str(cpu_count())))
 
 
