@@ -68,6 +68,8 @@ def main(argv=None) -> int:
     ap.add_argument("--trials", type=int, default=16)
     ap.add_argument("--per-iter", type=int, default=8)
     ap.add_argument("--only", nargs="*", help="shape names to tune")
+    ap.add_argument("--gradients", nargs="*", default=["weight", "input"],
+                    choices=["weight", "input"])
     ap.add_argument("--records", default=str(REPO / "tbe_like" / "records"))
     ap.add_argument("--search", default=str(REPO / ".tune_search"),
                     help="every measured candidate (not shipped)")
@@ -80,7 +82,7 @@ def main(argv=None) -> int:
     rows = []
     print(f"{'shape':18} {'grad':6} {'trials':>6} {'tune s':>7} {'best ms':>9} {'GF/s':>7}")
     for shape in shapes:
-        for gradient in ("weight", "input"):
+        for gradient in args.gradients:
             start = time.perf_counter()
             run = subprocess.run(command(shape, gradient, trials, args.per_iter, records, search),
                                  capture_output=True, text=True, cwd=REPO)

@@ -80,7 +80,7 @@ def _schedule_mad(sch, name: str, knobs: Knobs | str) -> None:
     if knobs == SAMPLE:
         w_factors = [None, sch.sample_categorical(list(W_TILES), [1 / len(W_TILES)] * len(W_TILES))]
         co_factors = sch.sample_perfect_tile(co, n=2, max_innermost_factor=128)
-        unroll = 1
+        unroll = sch.sample_categorical([1, 16], [0.5, 0.5])
     else:
         w_factors = [None, max(1, min(width, knobs.w_tile))]
         co_factors = [None, _fit(channels, knobs.co_chunk)]
@@ -90,7 +90,7 @@ def _schedule_mad(sch, name: str, knobs: Knobs | str) -> None:
     w_o, w_i = sch.split(w, w_factors)
     co_o, co_i = sch.split(co, co_factors)
     co_u = None
-    if unroll > 1:
+    if knobs == SAMPLE or unroll > 1:
         co_i, co_u = sch.split(co_i, [None, unroll])
     sch.reorder(n, d, cb, a, co_o, h, w_o, b, c, co_i, *([co_u] if co_u else []), w_i, ci0)
     sch.parallel(sch.fuse(n, d, cb))
@@ -104,8 +104,8 @@ def _schedule_mad(sch, name: str, knobs: Knobs | str) -> None:
 @register(INPUT_OP, "llvm")
 def schedule(sch, p: BackpropInputParams, target, knobs: Knobs | str | None = None):
     """``knobs`` fixes the tile of every reduction (by default each gets its widest fit);
-    ``SAMPLE`` draws each reduction's tile (``sample_categorical`` over ``W_TILES``) and chunk
-    (``sample_perfect_tile``): a search space."""
+    ``SAMPLE`` draws each reduction's tile (``sample_categorical`` over ``W_TILES``), chunk
+    (``sample_perfect_tile``) and channel unrolling (1 or 16): a search space."""
     lanes = vector_lanes(target)
     names = block_names(sch)
     if stages.DX_DY_DILATE in names:
