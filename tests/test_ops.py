@@ -201,6 +201,45 @@ def test_lower_precision_is_really_used(cache, name):
         assert 1e-6 < rel < 3e-2, rel
 
 
+@pytest.mark.parametrize("kind", ["grad_input", "grad_weight"])
+def test_float16_operands_are_packed_as_float32_on_cpus(kind):
+    """On a CPU the float16 operands are widened once, as they are packed (exact), so that the
+    multiply-adds read float32; the results equal those of float16 operands with float32
+    accumulation, the same as the kernel that converts on every load."""
+    from tbe_like._tvm import IRModule, s_tir, tvm
+    from tbe_like.ops import kernels
+    from tbe_like.ops.convolution_backward import graph_of
+    from tbe_like.target import host_target
+
+    target = host_target()
+    conv = kernels.Conv3d(1, 16, 16, (4, 6, 6), (4, 6, 6), (3, 3, 3), (1, 1, 1), (1,) * 6,
+                          (1, 1, 1), 1)
+    wide = kernels.Precision.on(target, "float16", "float16")
+    narrow = kernels.Precision("float16", "float16")
+    assert wide.widen and wide.core_dtype == "float32" and narrow.core_dtype == "float16"
+    cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_80"})
+    assert not kernels.Precision.on(cuda, "float16", "float16").widen
+
+    rng = np.random.default_rng(3)
+    outs = []
+    for prec in (wide, narrow):
+        graph = graph_of(kind, conv, prec)
+        sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})),
+                               graph, target)
+        dtypes = {str(b.dtype) for b in sch.mod["main"].body.block.alloc_buffers}
+        assert ("float16" in dtypes) == (prec is narrow), dtypes
+        fn = tvm.compile(sch.mod, target=target)["main"]
+        rng = np.random.default_rng(3)
+        dev = tvm.cpu()
+        args = [tvm.runtime.tensor(rng.standard_normal([int(v) for v in t.shape])
+                                   .astype("float16"), dev) for t in graph.inputs]
+        out = tvm.runtime.tensor(np.zeros([int(v) for v in graph.output.shape], "float16"),
+                                 dev)
+        fn(*args, out)
+        outs.append(out.numpy().astype(np.float32))
+    np.testing.assert_allclose(outs[0], outs[1], rtol=0, atol=1e-3 * np.abs(outs[1]).max())
+
+
 torch = None
 try:  # PyTorch is optional: the bench extra
     import torch
