@@ -67,7 +67,6 @@ SUITE = [
     Shape("resnet3d-56-bf16", 2, 64, (16, 56, 56), 128, (3, 3, 3), 1, 1, dtype="bfloat16"),
     Shape("resnet3d-56-fp16", 2, 64, (16, 56, 56), 128, (3, 3, 3), 1, 1, dtype="float16"),
 ]
-TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 QUICK = [Shape("quick", 2, 32, (8, 28, 28), 32, (3, 3, 3), 1, 1)]
 
 
@@ -129,7 +128,7 @@ def run(shapes, repeat: int, budget: float, torch_limit: float) -> list[dict]:
         go = rng.standard_normal((s.n, s.cout, *s.out_spatial())).astype(dt)
         params = dict(stride=[s.stride] * 3, padding=[s.pad] * 3, dilation=[s.dilation] * 3,
                       transposed=False, output_padding=[0, 0, 0], groups=s.groups)
-        tdt = getattr(torch, TORCH_DTYPES[s.dtype])
+        tdt = getattr(torch, s.dtype)  # the dtype names are torch's too
         tx = torch.from_numpy(x.astype(np.float32)).to(tdt)
         tw = torch.from_numpy(w.astype(np.float32)).to(tdt)
         tgo = torch.from_numpy(go.astype(np.float32)).to(tdt)

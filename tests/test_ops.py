@@ -220,7 +220,6 @@ def test_float16_operands_are_packed_as_float32_on_cpus(kind):
     cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_80"})
     assert not kernels.Precision.on(cuda, "float16", "float16").widen
 
-    rng = np.random.default_rng(3)
     outs = []
     for prec in (wide, narrow):
         graph = graph_of(kind, conv, prec)
