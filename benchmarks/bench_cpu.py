@@ -112,6 +112,7 @@ def run(shapes, repeat: int, budget: float, torch_limit: float) -> list[dict]:
 
     from tbe_like import ops
     from tbe_like.cache import KernelCache
+    from tbe_like.kernel import _numpy_dtype
     from tbe_like.target import host_target
 
     # A fresh kernel cache, so that "build s" is the real compile time of every kernel.
@@ -119,10 +120,7 @@ def run(shapes, repeat: int, budget: float, torch_limit: float) -> list[dict]:
     rows = []
     for s in shapes:
         rng = np.random.default_rng(0)
-        dt = np.dtype(s.dtype) if s.dtype != "bfloat16" else None
-        if dt is None:
-            import ml_dtypes
-            dt = ml_dtypes.bfloat16
+        dt = _numpy_dtype(s.dtype)
         x = rng.standard_normal((s.n, s.cin, *s.spatial)).astype(dt)
         w = rng.standard_normal((s.cout, s.cin // s.groups, *s.kernel)).astype(dt)
         go = rng.standard_normal((s.n, s.cout, *s.out_spatial())).astype(dt)
@@ -173,15 +171,14 @@ def run(shapes, repeat: int, budget: float, torch_limit: float) -> list[dict]:
 
 def _half_over_single(rows: list[dict]) -> dict:
     """tbe_like's float16 time over its float32 time on the same shape, per gradient."""
+    def problem(row):  # the shape without its name and dtype
+        return {k: v for k, v in row["config"].items() if k not in ("name", "dtype")}
+
     out = {}
     for r in rows:
-        if r["dtype"] != "float16":
-            continue
-        same = {k: v for k, v in r["config"].items() if k not in ("name", "dtype")}
         for f in rows:
-            if (f["dtype"] == "float32" and f["gradient"] == r["gradient"]
-                    and {k: v for k, v in f["config"].items() if k not in ("name", "dtype")}
-                    == same):
+            if (r["dtype"] == "float16" and f["dtype"] == "float32"
+                    and f["gradient"] == r["gradient"] and problem(f) == problem(r)):
                 out[r["gradient"]] = {"shape": f["shape"],
                                       "ratio": round(r["tbe_like_ms"] / f["tbe_like_ms"], 2)}
     return out

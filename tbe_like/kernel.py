@@ -147,16 +147,14 @@ class Kernel:
 
     def time(self, *arrays: np.ndarray, repeat: int = 5, min_seconds: float = 0.2) -> float:
         """Median seconds of one call (excluding host/device copies), over ``repeat`` batches."""
-        args = self._device_args(arrays)
-        dev = args[0].device
-        self._func(*args)  # warm up (page faults, thread pool start)
+        run = self.runner(*arrays)
+        run()  # warm up (page faults, thread pool start)
         times = []
         for _ in range(repeat):
             number, start = 0, time.perf_counter()
             while True:
-                self._func(*args)
+                run()
                 number += 1
-                dev.sync()
                 elapsed = time.perf_counter() - start
                 if elapsed >= min_seconds / repeat:
                     break

@@ -89,15 +89,12 @@ def _schedule_mad(sch, name: str, knobs: Knobs | str) -> None:
             unroll = 1
     w_o, w_i = sch.split(w, w_factors)
     co_o, co_i = sch.split(co, co_factors)
-    co_u = None
-    if knobs == SAMPLE or unroll > 1:
-        co_i, co_u = sch.split(co_i, [None, unroll])
-    sch.reorder(n, d, cb, a, co_o, h, w_o, b, c, co_i, *([co_u] if co_u else []), w_i, ci0)
+    co_i, co_u = sch.split(co_i, [None, unroll])  # unroll 1: a loop of extent 1
+    sch.reorder(n, d, cb, a, co_o, h, w_o, b, c, co_i, co_u, w_i, ci0)
     sch.parallel(sch.fuse(n, d, cb))
     sch.vectorize(ci0)
     sch.unroll(w_i)
-    if co_u is not None:
-        sch.unroll(co_u)
+    sch.unroll(co_u)
     sch.decompose_reduction(mad, a)
 
 
