@@ -8,7 +8,10 @@ Runs after the operator's rule, which leaves these stages alone:
   packed data;
 * an output stage absorbs the elementwise result stage that feeds it (cast, masking) and loops
   over the output rows in parallel, innermost axis vectorized, so that its writes are
-  contiguous.
+  contiguous. ``row_strides`` splits the D/H/W loops of an NCDHW output by the periods of its
+  producer (an input gradient's stride phases), the remainders unrolled: which phase a row
+  reads is then known at compile time instead of a select chain per element (which LLVM left
+  scalar: 19% of a stride-2 input gradient, 95M instructions per call).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ def _is_reduction(sch, block) -> bool:
     return any(int(iv.iter_type) == _REDUCE for iv in sch.get(block).iter_vars)
 
 
-def schedule_layout_stages(sch, target) -> None:
+def schedule_layout_stages(sch, target, row_strides=(1, 1, 1)) -> None:
     del target
     for name in block_names(sch):
         if name.startswith(stages.LAYOUT_IN):
@@ -44,8 +47,23 @@ def schedule_layout_stages(sch, target) -> None:
                     except s_tir.schedule.ScheduleError:
                         pass  # e.g. read elsewhere too: it stays as the rule scheduled it
             if name.startswith(stages.LAYOUT_OUT_NCDHW):
-                n, c, d, h, w = sch.get_loops(block)
-                sch.reorder(n, d, h, c, w)  # rows outside the channels: contiguous writes
-                fuse_parallel_vectorize(sch, name, n_parallel=3)
+                _unpack_ncdhw(sch, block, row_strides)
             else:
                 fuse_parallel_vectorize(sch, name, n_parallel=2)
+
+
+def _unpack_ncdhw(sch, block, row_strides) -> None:
+    """Rows outside the channels (contiguous writes), W vectorized; each of D/H/W split by its
+    period in ``row_strides`` where that divides the extent."""
+    n, c, d, h, w = sch.get_loops(block)
+    split = []
+    for loop, period in zip((d, h, w), row_strides, strict=True):
+        extent = int(sch.get(loop).extent)
+        period = period if period > 1 and extent % period == 0 else 1
+        split.append(sch.split(loop, [None, period]))
+    (dq, dr), (hq, hr), (wq, wr) = split
+    sch.reorder(n, dq, hq, dr, hr, c, wr, wq)
+    sch.parallel(sch.fuse(n, dq, hq))
+    for loop in (dr, hr, wr):
+        sch.unroll(loop)
+    sch.vectorize(wq)

@@ -129,6 +129,9 @@ class Graph:
     inputs: list
     output: te.Tensor
     layouts: list[str] = field(default_factory=list)  # of the inputs, then of the output
+    # The (D, H, W) periods of the core's result rows (an input gradient's stride phases): the
+    # output stage's loops are split by them (``schedules.layout``).
+    row_strides: tuple[int, int, int] = (1, 1, 1)
 
 
 def _geometry(conv: Conv3d, group: GroupInfo, batch: int, in_spatial, out_spatial
@@ -157,7 +160,7 @@ def grad_input(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "g
         (conv.batch, *conv.in_spatial, conv.cin), cd, ACC_DTYPE, names[2], None, None, {})
     res = compute.conv3d_backprop_input(w6, dy6, p)
     out = lt.unpack_6hd(res, conv.cin, conv.in_spatial[2], prec.dtype, names[2])
-    return Graph(INPUT_OP, p, [dy, w], out, ["NCDHW", "NCDHW", "NCDHW"])
+    return Graph(INPUT_OP, p, [dy, w], out, ["NCDHW", "NCDHW", "NCDHW"], conv.strides)
 
 
 def forward(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "grad_input")
@@ -241,7 +244,7 @@ def schedule(sch, graph: Graph, target: Target, knobs=None):
 
     sch = schedules.apply_schedule(sch, graph.op, graph.params, target, knobs)
     if str(target.kind.name) == "llvm":
-        schedule_layout_stages(sch, target)
+        schedule_layout_stages(sch, target, graph.row_strides)
     return sch
 
 
