@@ -8,10 +8,13 @@ Runs after the operator's rule, which leaves these stages alone:
   packed data;
 * an output stage absorbs the elementwise result stage that feeds it (cast, masking) and loops
   over the output rows in parallel, innermost axis vectorized, so that its writes are
-  contiguous. ``row_strides`` splits the D/H/W loops of an NCDHW output by the periods of its
-  producer (an input gradient's stride phases), the remainders unrolled: which phase a row
-  reads is then known at compile time instead of a select chain per element (which LLVM left
-  scalar: 19% of a stride-2 input gradient, 95M instructions per call).
+  contiguous. With ``row_periods`` (an input gradient, whose result interleaves stride phases
+  and Winograd columns) an NCDHW output instead computes its producer one row at a time into
+  a small buffer, vectorized over C0 with the W loop split by its period and unrolled, so that
+  which phase and column a position reads is known at compile time; the row is then
+  transposed out. Inlined, the producer was a select chain per element: LLVM left it scalar
+  (19% of a stride-2 input gradient, 95M instructions per call) or gathered every Winograd
+  point (30% of a grouped one).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ def _is_reduction(sch, block) -> bool:
     return any(int(iv.iter_type) == _REDUCE for iv in sch.get(block).iter_vars)
 
 
-def schedule_layout_stages(sch, target, row_strides=(1, 1, 1)) -> None:
+def schedule_layout_stages(sch, target, row_periods=None) -> None:
     del target
     for name in block_names(sch):
         if name.startswith(stages.LAYOUT_IN):
@@ -38,6 +41,8 @@ def schedule_layout_stages(sch, target, row_strides=(1, 1, 1)) -> None:
                 sch.compute_inline(block)
             else:
                 fuse_parallel_vectorize(sch, name, n_parallel=2)
+        elif name.startswith(stages.LAYOUT_OUT_NCDHW) and row_periods is not None:
+            _unpack_rows(sch, sch.get_sblock(name), row_periods[2])
         elif name.startswith(stages.LAYOUT_OUT):
             block = sch.get_sblock(name)
             for producer in sch.get_producers(block):
@@ -47,23 +52,27 @@ def schedule_layout_stages(sch, target, row_strides=(1, 1, 1)) -> None:
                     except s_tir.schedule.ScheduleError:
                         pass  # e.g. read elsewhere too: it stays as the rule scheduled it
             if name.startswith(stages.LAYOUT_OUT_NCDHW):
-                _unpack_ncdhw(sch, block, row_strides)
+                n, c, d, h, w = sch.get_loops(block)
+                sch.reorder(n, d, h, c, w)  # rows outside the channels: contiguous writes
+                fuse_parallel_vectorize(sch, name, n_parallel=3)
             else:
                 fuse_parallel_vectorize(sch, name, n_parallel=2)
 
 
-def _unpack_ncdhw(sch, block, row_strides) -> None:
-    """Rows outside the channels (contiguous writes), W vectorized; each of D/H/W split by its
-    period in ``row_strides`` where that divides the extent."""
+def _unpack_rows(sch, block, period: int) -> None:
+    """Parallel over output rows (n, d, h); per row, the producer ``(N, D, C1, H*W, C0)`` into a
+    row buffer (C0 vectorized, its H*W loop split by ``period`` when that divides W), then the
+    row's channels out with W vectorized."""
+    (producer,) = sch.get_producers(block)
     n, c, d, h, w = sch.get_loops(block)
-    split = []
-    for loop, period in zip((d, h, w), row_strides, strict=True):
-        extent = int(sch.get(loop).extent)
-        period = period if period > 1 and extent % period == 0 else 1
-        split.append(sch.split(loop, [None, period]))
-    (dq, dr), (hq, hr), (wq, wr) = split
-    sch.reorder(n, dq, hq, dr, hr, c, wr, wq)
-    sch.parallel(sch.fuse(n, dq, hq))
-    for loop in (dr, hr, wr):
-        sch.unroll(loop)
-    sch.vectorize(wq)
+    width = int(sch.get(w).extent)
+    sch.reorder(n, d, h, c, w)
+    row = sch.fuse(n, d, h)
+    sch.parallel(row)
+    sch.vectorize(w)
+    sch.compute_at(producer, row)
+    *_, cols, c0 = sch.get_loops(producer)
+    if period > 1 and width % period == 0:
+        _, phase = sch.split(cols, [None, period])
+        sch.unroll(phase)
+    sch.vectorize(c0)

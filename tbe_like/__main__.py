@@ -56,7 +56,7 @@ def _tune(args) -> int:
     conv = conv_of(p)
     target = resolve_target(args.target)
     prec = kernels.Precision.on(target, p.dtype, p.compute_dtype, p.hf32)
-    graph = graph_of("grad_" + args.gradient, conv, prec)
+    graph = graph_of("grad_" + args.gradient, conv, prec, target=target)
     records = args.records or str(cache_dir() / "records")
     print(f"tuning the {args.gradient} gradient of x {tuple(x)} -> y {go_shape}, weight "
           f"{w_shape}, stride {stride}, padding {padding}, dilation {dilation}, groups "

@@ -307,10 +307,11 @@ def _mad_phase(dy_pad: te.Tensor, lead: tuple[int, int, int], w_flip: te.Tensor,
     return te.compute(shape, body, name=phase.name, tag=_tag("mad"))
 
 
-def _interleave(parts: list[tuple[Phase, te.Tensor]], strides: tuple[int, int, int],
+def _interleave(parts: list[tuple[Phase, object]], strides: tuple[int, int, int],
                 sizes: tuple[int, int, int]):
-    """``acc(n, d, cb, h, w, c)`` reading the phase tensor that holds (d, h, w), else zero
-    (``sizes``: the input rows per axis)."""
+    """``acc(n, d, cb, h, w, c)`` reading the phase that holds (d, h, w), else zero (``sizes``:
+    the input rows per axis); a part is a phase and ``read(n, qd, cb, qh, qw, c)``, the value
+    at row ``q`` of each axis of the phase."""
 
     def acc(nn, d, cb, h, w, cc):
         value = tirx.const(0, ACC_DTYPE)
@@ -328,7 +329,7 @@ def _interleave(parts: list[tuple[Phase, te.Tensor]], strides: tuple[int, int, i
                     conds += [q >= axis.q0, q < axis.q0 + axis.rows]
                 # Clamped: a row of another phase or run may lie outside this block's rows.
                 index.append(tirx.max(tirx.min(q - axis.q0, axis.rows - 1), 0))
-            read = tensor[nn, index[0], cb, index[1], index[2], cc]
+            read = tensor(nn, index[0], cb, index[1], index[2], cc)
             value = read if not conds else tirx.if_then_else(tirx.all(*conds), read, value)
         return value
 
@@ -337,7 +338,7 @@ def _interleave(parts: list[tuple[Phase, te.Tensor]], strides: tuple[int, int, i
 
 def conv3d_backprop_input(w: te.Tensor, dy: te.Tensor, p: BackpropInputParams,
                           bias: te.Tensor | None = None, attrs: dict | None = None,
-                          stride_phases: bool = True) -> te.Tensor:
+                          stride_phases: bool = True, winograd: bool = False) -> te.Tensor:
     """dX as ``(N, D, Cin1, H*W, C0)`` in ``p.res_dtype``, accumulated in float32.
 
     Parameters
@@ -355,25 +356,159 @@ def conv3d_backprop_input(w: te.Tensor, dy: te.Tensor, p: BackpropInputParams,
     stride_phases : bool
         Build the stride-phase form (no multiply-adds on stride-dilation zeros); ``False`` builds
         the dense form with an explicit dilation stage.
+    winograd : bool
+        In the stride-phase form, compute W with Winograd F(2,3) where it applies (stride 1 and
+        3 taps along W, see :func:`winograd_axis`): 4 multiply-adds per 2 columns instead of 6.
+        The CPU kernels use it; the stages are float32.
     """
     if not stride_phases:
         dy_pad = _pad_dilated(_dilate(dy, p), p)
         mad = _mad_dense(dy_pad, _flip(w, p), p)
         return _result(lambda *i: mad(*i), bias, p, attrs)
-    return _phase_correlation(w, dy, p, phases(p), p.geometry.strides, bias, attrs)
+    return _phase_correlation(w, dy, p, phases(p), p.geometry.strides, bias, attrs, winograd)
 
 
-def _phase_correlation(w, dy, p, plan, strides, bias, attrs) -> te.Tensor:
+def _phase_correlation(w, dy, p, plan, strides, bias, attrs, winograd=False) -> te.Tensor:
     parts = []
     if plan:
-        dy_pad, lead = _pad_phases(dy, p, plan)
+        wino = _winograd_axis(plan, strides) if winograd else None
+        padded = plan
+        if wino is not None:  # the last tile of a row may reach past its last column
+            wide = dataclasses.replace(wino, rows=_winograd_rows(wino))
+            padded = [Phase(ph.name, (*ph.axes[:2], wide)) for ph in plan]
+        dy_pad, lead = _pad_phases(dy, p, padded)
         w_flip = _flip(w, p)
-        parts = [(ph, _mad_phase(dy_pad, lead, w_flip, p, ph)) for ph in plan]
+        if wino is None:
+            for ph in plan:
+                mad = _mad_phase(dy_pad, lead, w_flip, p, ph)
+                parts.append((ph, lambda *i, mad=mad: mad[i]))
+        else:
+            v = _winograd_dy(dy_pad, lead[2], wino)
+            u = _winograd_filter(w_flip, wino)
+            for ph in plan:
+                parts.append((ph, _winograd_output(_mad_winograd(v, u, lead, p, ph), wino)))
     return _result(_interleave(parts, strides, p.geometry.in_spatial), bias, p, attrs)
 
 
+# Winograd F(2,3) along W --------------------------------------------------------------------
+#
+# Two neighbouring output columns y0, y1 of a 3-tap correlation read 4 dy columns x0..x3 (``s``
+# apart with dilation) and the taps g0, g1, g2:
+#
+#     V = (x0 - x2, x1 + x2, x2 - x1, x1 - x3)      U = (g0, (g0+g1+g2)/2, (g0-g1+g2)/2, g2)
+#     M_e = sum over (co, kd, kh) of V_e * U_e      y0 = M0 + M1 + M2,   y1 = M1 - M2 - M3
+#
+# so the reduction does 4 multiply-adds per 2 columns instead of 6. ``dx_wino_dy`` holds V for
+# every tile (and every dy row and channel), ``dx_wino_filter`` U, the ``dx_mad*`` stages M as
+# ``(N, D, Cin1, H, 4, tiles, C0)``; ``dx_res`` combines M into columns. Tile ``t`` covers the
+# columns ``base, base + s`` with ``base = (t // s) * 2s + t % s``: with dilation ``s`` the
+# columns of one tile are ``s`` apart, like the dy columns they read.
+
+WINOGRAD_POINTS = 4
+
+
+def _winograd_axis(plan: list[Phase], strides) -> AxisPhase | None:
+    """The W axis of every phase when Winograd F(2,3) applies to it, else None: stride 1 in W
+    (one W phase, which every reduction shares), 3 taps, one row per step of q."""
+    axis = plan[0].axes[2]
+    if strides[2] != 1 or axis.taps != 3 or axis.q_step != 1 or axis.q0 != 0:
+        return None
+    return axis
+
+
+def _winograd_tiles(axis: AxisPhase) -> int:
+    s = axis.dy_step
+    return -(-axis.rows // (2 * s)) * s
+
+
+def _winograd_rows(axis: AxisPhase) -> int:
+    """The columns the tiles compute: the W rows rounded up to whole tiles."""
+    return _winograd_tiles(axis) * 2
+
+
+def _tile_base(t, s: int):
+    return t * 2 if s == 1 else t // s * (2 * s) + t % s
+
+
+def _winograd_dy(dy_pad: te.Tensor, lead: int, axis: AxisPhase) -> te.Tensor:
+    n, d, c1, h, _, c0 = (int(x) for x in dy_pad.shape)
+    s, off = axis.dy_step, axis.dy0 + lead
+
+    def body(nn, dd, cb, hh, e, t, cc):
+        x = [dy_pad[nn, dd, cb, hh, _tile_base(t, s) + off + k * s, cc].astype(ACC_DTYPE)
+             for k in range(4)]
+        return tirx.Select(e == 0, x[0] - x[2], tirx.Select(
+            e == 1, x[1] + x[2], tirx.Select(e == 2, x[2] - x[1], x[1] - x[3])))
+
+    shape = (n, d, c1, h, WINOGRAD_POINTS, _winograd_tiles(axis), c0)
+    return te.compute(shape, body, name=stages.DX_WINO_DY, tag=_tag("wino_dy"))
+
+
+def _winograd_filter(w_flip: te.Tensor, axis: AxisPhase) -> te.Tensor:
+    g, kd, kh, _, cout, cin = (int(x) for x in w_flip.shape)
+    half = tirx.const(0.5, ACC_DTYPE)
+
+    def body(grp, a, b, e, co, ci):
+        k = [w_flip[grp, a, b, axis.flip0 + c * axis.tap_step, co, ci].astype(ACC_DTYPE)
+             for c in range(3)]
+        return tirx.Select(e == 0, k[0], tirx.Select(
+            e == 1, (k[0] + k[1] + k[2]) * half,
+            tirx.Select(e == 2, (k[0] - k[1] + k[2]) * half, k[2])))
+
+    return te.compute((g, kd, kh, WINOGRAD_POINTS, cout, cin), body,
+                      name=stages.DX_WINO_FILTER, tag=_tag("wino_filter"))
+
+
+def _mad_winograd(v: te.Tensor, u: te.Tensor, lead: tuple[int, int, int],
+                  p: BackpropInputParams, phase: Phase) -> te.Tensor:
+    g, c0 = p.geometry.group, p.geometry.c0
+    pd, ph, _ = phase.axes
+    rco = te.reduce_axis((0, g.cout_g), name="co")
+    ra = te.reduce_axis((0, pd.taps), name="a")
+    rb = te.reduce_axis((0, ph.taps), name="b")
+    shape = (p.geometry.batch, pd.rows, g.real_g * g.cin1_g, ph.rows, WINOGRAD_POINTS,
+             int(v.shape[5]), c0)
+
+    def body(nn, qd, cb, qh, e, t, ci0):
+        grp = _merged_group(cb, g)
+        co_block = grp * (g.cout_g // c0) + rco // c0
+        x = v[nn, (qd + pd.q0) * pd.q_step + (pd.dy0 + lead[0]) + ra * pd.dy_step, co_block,
+              (qh + ph.q0) * ph.q_step + (ph.dy0 + lead[1]) + rb * ph.dy_step, e, t, rco % c0]
+        k = u[grp, pd.flip0 + ra * pd.tap_step, ph.flip0 + rb * ph.tap_step, e, rco,
+              (cb % g.cin1_g) * c0 + ci0]
+        return te.sum(x * k, axis=[rco, ra, rb])
+
+    return te.compute(shape, body, name=phase.name, tag=_tag("mad"))
+
+
+def _winograd_output(mad: te.Tensor, axis: AxisPhase):
+    """``read(n, qd, cb, qh, q, c)``: column ``q`` of a Winograd reduction."""
+    s = axis.dy_step
+
+    def read(nn, qd, cb, qh, q, cc):
+        if s == 1:
+            t, j = q // 2, q % 2
+        else:
+            t, j = q // (2 * s) * s + q % s, q % (2 * s) // s
+        m = [mad[nn, qd, cb, qh, e, t, cc] for e in range(WINOGRAD_POINTS)]
+        return tirx.if_then_else(j == 0, m[0] + m[1] + m[2], m[1] - m[2] - m[3])
+
+    return read
+
+
+def result_periods(p: BackpropInputParams, winograd: bool, forward: bool = False
+                   ) -> tuple[int, int, int]:
+    """The (D, H, W) periods of the result rows: along an axis, which reduction (and Winograd
+    column) a row reads repeats with this period. Schedules split the result's loops by them."""
+    geo = p.geometry
+    strides = (1, 1, 1) if forward else geo.strides
+    plan = _forward_plan(p) if forward else phases(p)
+    wino = _winograd_axis(plan, strides) if winograd and plan else None
+    return (*strides[:2], 2 * wino.dy_step if wino is not None else strides[2])
+
+
 def conv3d_forward(w: te.Tensor, x: te.Tensor, p: BackpropInputParams,
-                   attrs: dict | None = None) -> te.Tensor:
+                   attrs: dict | None = None, winograd: bool = False) -> te.Tensor:
     """A forward convolution on the same stages: y = conv(x, W), stride, pads and dilation of p.
 
     The roles are those of the input gradient with x in dy's place: ``p.dy_shape`` is x in 6HD
@@ -382,12 +517,16 @@ def conv3d_forward(w: te.Tensor, x: te.Tensor, p: BackpropInputParams,
     ``(C_x, C_y/groups, k...)`` filter, i.e. W with its channel axes swapped per group, as the
     input gradient's filter is. The result is ``(N, D, C_y1, H*W, C0)`` in ``p.res_dtype``.
     The framework operator uses it for the input gradient of a transposed convolution.
+    ``winograd`` as for :func:`conv3d_backprop_input`.
     """
+    return _phase_correlation(w, x, p, _forward_plan(p), (1, 1, 1), None, attrs, winograd)
+
+
+def _forward_plan(p: BackpropInputParams) -> list[Phase]:
     geo = p.geometry
     axes = tuple(AxisPhase(r=0, rows=rows, taps=k, dy0=-pad, dy_step=dil, flip0=k - 1,
                            tap_step=-1, q_step=stride)
                  for rows, k, stride, dil, pad in zip(geo.in_spatial, geo.kernel, geo.strides,
                                                       geo.dilations, geo.pads_before,
                                                       strict=True))
-    plan = _plan([[axis] for axis in axes], geo.out_spatial[0])
-    return _phase_correlation(w, x, p, plan, (1, 1, 1), None, attrs)
+    return _plan([[axis] for axis in axes], geo.out_spatial[0])

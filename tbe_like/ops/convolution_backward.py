@@ -109,12 +109,14 @@ class ConvolutionBackwardExecutor:
 
 
 def graph_of(kind: str, conv: kernels.Conv3d, prec: kernels.Precision,
-             transposed: bool = False) -> kernels.Graph:
-    """The kernel graph of one gradient: ``kind`` "grad_input", "forward" or "grad_weight"."""
+             transposed: bool = False, target: Target | None = None) -> kernels.Graph:
+    """The kernel graph of one gradient: ``kind`` "grad_input", "forward" or "grad_weight";
+    ``target``: the kernels' target (its input gradients may differ, ``kernels.winograd_on``)."""
+    winograd = target is not None and kernels.winograd_on(target)
     if kind == "grad_input":
-        return kernels.grad_input(conv, prec)
+        return kernels.grad_input(conv, prec, winograd=winograd)
     if kind == "forward":
-        return kernels.forward(conv, prec)
+        return kernels.forward(conv, prec, winograd=winograd)
     if transposed:  # x = grad_output, dy = input
         return kernels.grad_weight(conv, prec, names=("grad_output", "input", "grad_weight"))
     return kernels.grad_weight(conv, prec)
@@ -126,8 +128,8 @@ def _cached(cache: KernelCache, kind: str, conv: kernels.Conv3d, prec: kernels.P
               "precision": asdict(prec), "records": records_fingerprint()}
 
     def build(output_dir, kernel_name):
-        kernels.build(graph_of(kind, conv, prec, transposed), target, output_dir, kernel_name,
-                      OP, {"kernel": kind, **fields["conv"], **fields["precision"]})
+        kernels.build(graph_of(kind, conv, prec, transposed, target), target, output_dir,
+                      kernel_name, OP, {"kernel": kind, **fields["conv"], **fields["precision"]})
 
     return cache.get(OP, fields, target, build)
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from .. import compute, stages
 from .._tvm import IRModule, Target, s_tir, te, tvm
 from ..compute import layout as lt
-from ..compute.conv3d_backprop_input import conv3d_forward
+from ..compute.conv3d_backprop_input import conv3d_forward, result_periods
 from ..groups import GroupInfo, group_info
 from ..kernel import Kernel, TensorSpec, export_kernel
 from ..params import (
@@ -129,9 +129,9 @@ class Graph:
     inputs: list
     output: te.Tensor
     layouts: list[str] = field(default_factory=list)  # of the inputs, then of the output
-    # The (D, H, W) periods of the core's result rows (an input gradient's stride phases): the
-    # output stage's loops are split by them (``schedules.layout``).
-    row_strides: tuple[int, int, int] = (1, 1, 1)
+    # The (D, H, W) periods of the core's result (an input gradient's stride phases and Winograd
+    # columns): the output stage computes it row by row (``schedules.layout``).
+    row_periods: tuple[int, int, int] | None = None
 
 
 def _geometry(conv: Conv3d, group: GroupInfo, batch: int, in_spatial, out_spatial
@@ -144,8 +144,14 @@ def _placeholder(shape, name: str, dtype: str) -> te.Tensor:
     return te.placeholder(tuple(shape), name=name, dtype=dtype)
 
 
+def winograd_on(target: Target) -> bool:
+    """Whether the input-gradient kernels for ``target`` use Winograd F(2,3) along W where it
+    applies (``compute.conv3d_backprop_input``): on CPUs, where the multiply-adds are the time."""
+    return str(target.kind.name) == "llvm"
+
+
 def grad_input(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "grad_input"),
-               ) -> Graph:
+               winograd: bool = False) -> Graph:
     """dX of ``conv``: ``(dy (N, cout, ...), W (cout, cin/g, k...)) -> (N, cin, ...)``."""
     dy = _placeholder(conv.y_shape, names[0], prec.dtype)
     w = _placeholder(conv.w_shape, names[1], prec.dtype)
@@ -158,13 +164,14 @@ def grad_input(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "g
         _geometry(conv, group, conv.batch, conv.in_spatial, conv.out_spatial),
         tuple(int(s) for s in w6.shape), tuple(int(s) for s in dy6.shape),
         (conv.batch, *conv.in_spatial, conv.cin), cd, ACC_DTYPE, names[2], None, None, {})
-    res = compute.conv3d_backprop_input(w6, dy6, p)
+    res = compute.conv3d_backprop_input(w6, dy6, p, winograd=winograd)
     out = lt.unpack_6hd(res, conv.cin, conv.in_spatial[2], prec.dtype, names[2])
-    return Graph(INPUT_OP, p, [dy, w], out, ["NCDHW", "NCDHW", "NCDHW"], conv.strides)
+    return Graph(INPUT_OP, p, [dy, w], out, ["NCDHW", "NCDHW", "NCDHW"],
+                 result_periods(p, winograd))
 
 
-def forward(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "grad_input")
-            ) -> Graph:
+def forward(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "grad_input"),
+            winograd: bool = False) -> Graph:
     """y of ``conv``: ``(x (N, cin, ...), W (cout, cin/g, k...)) -> (N, cout, ...)``.
 
     The core takes W with its channel axes swapped per group (``(cin, cout/g)``): the pack
@@ -186,9 +193,10 @@ def forward(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "grad
         _geometry(conv, group, conv.batch, conv.out_spatial, conv.in_spatial),
         tuple(int(s) for s in w6.shape), tuple(int(s) for s in x6.shape),
         (conv.batch, *conv.out_spatial, conv.cout), cd, ACC_DTYPE, names[2], None, None, {})
-    res = conv3d_forward(w6, x6, p)
+    res = conv3d_forward(w6, x6, p, winograd=winograd)
     out = lt.unpack_6hd(res, conv.cout, conv.out_spatial[2], prec.dtype, names[2])
-    return Graph(INPUT_OP, p, [x, w], out, ["NCDHW", "NCDHW", "NCDHW"])
+    return Graph(INPUT_OP, p, [x, w], out, ["NCDHW", "NCDHW", "NCDHW"],
+                 result_periods(p, winograd, forward=True))
 
 
 def grad_weight(conv: Conv3d, prec: Precision, names=("input", "grad_output", "grad_weight"),
@@ -244,7 +252,7 @@ def schedule(sch, graph: Graph, target: Target, knobs=None):
 
     sch = schedules.apply_schedule(sch, graph.op, graph.params, target, knobs)
     if str(target.kind.name) == "llvm":
-        schedule_layout_stages(sch, target, graph.row_strides)
+        schedule_layout_stages(sch, target, graph.row_periods)
     return sch
 
 
@@ -270,4 +278,4 @@ def build(graph: Graph, target: Target, output_dir, kernel_name: str, op: str,
 
 
 __all__ = ["C0", "Conv3d", "Graph", "Precision", "build", "forward", "grad_input",
-           "grad_weight", "prim_func", "schedule", "stages", "workspace_bytes"]
+           "grad_weight", "prim_func", "schedule", "stages", "winograd_on", "workspace_bytes"]
