@@ -30,6 +30,11 @@ padded, not dilated), ``dx_filter_flip`` (as above), one reduction per phase and
 ``dx_mad`` (a single one), ``dx_mad_<rd>_<rh>_<rw>`` (several phases), with ``_d<run>``
 appended when D is split, and ``dx_res``, which interleaves them. The reductions do exactly the
 multiply-adds of non-zero dy rows, plus those on the H and W padding.
+
+**Winograd F(2,3) along W** (``winograd=True``, stride-phase form, stride 1 and 3 taps in W):
+``dx_wino_dy`` and ``dx_wino_filter`` transform dy and the flipped filter, each reduction
+computes the 4 transformed points of every pair of columns over (co, kd, kh), and ``dx_res``
+combines them (see the section below).
 """
 
 from __future__ import annotations
@@ -358,8 +363,8 @@ def conv3d_backprop_input(w: te.Tensor, dy: te.Tensor, p: BackpropInputParams,
         the dense form with an explicit dilation stage.
     winograd : bool
         In the stride-phase form, compute W with Winograd F(2,3) where it applies (stride 1 and
-        3 taps along W, see :func:`winograd_axis`): 4 multiply-adds per 2 columns instead of 6.
-        The CPU kernels use it; the stages are float32.
+        3 taps along W, see ``_winograd_axis``): 4 multiply-adds per 2 columns instead of 6.
+        The CPU kernels of ``tbe_like.ops`` use it; its stages are float32.
     """
     if not stride_phases:
         dy_pad = _pad_dilated(_dilate(dy, p), p)
