@@ -189,6 +189,14 @@ class AxisPhase:
     q_step: int = 1
     q0: int = 0  # the first row: a block computes rows q0 .. q0 + rows - 1 of the phase
 
+    def dy_row(self, q, tap, lead: int):
+        """The row of the padded dy (leading pad ``lead``) that tap ``tap`` of row ``q`` reads."""
+        return (q + self.q0) * self.q_step + (self.dy0 + lead) + tap * self.dy_step
+
+    def flip(self, tap):
+        """The flipped kernel index of tap ``tap``."""
+        return self.flip0 + tap * self.tap_step
+
     def segments(self, size: int) -> list[AxisPhase]:
         """The rows split into runs that read the same taps inside dy's ``size`` rows, each
         with only those taps; rows that read nothing but padding are left out.
@@ -302,11 +310,9 @@ def _mad_phase(dy_pad: te.Tensor, lead: tuple[int, int, int], w_flip: te.Tensor,
     def body(nn, qd, cb, qh, qw, ci0):
         grp = _merged_group(cb, g)
         co_block = grp * (g.cout_g // c0) + rco // c0
-        x = dy_pad[nn, (qd + pd.q0) * pd.q_step + (pd.dy0 + lead[0]) + ra * pd.dy_step,
-                   co_block, (qh + ph.q0) * ph.q_step + (ph.dy0 + lead[1]) + rb * ph.dy_step,
-                   (qw + pw.q0) * pw.q_step + (pw.dy0 + lead[2]) + rc * pw.dy_step, rco % c0]
-        k = w_flip[grp, pd.flip0 + ra * pd.tap_step, ph.flip0 + rb * ph.tap_step,
-                   pw.flip0 + rc * pw.tap_step, rco, (cb % g.cin1_g) * c0 + ci0]
+        x = dy_pad[nn, pd.dy_row(qd, ra, lead[0]), co_block, ph.dy_row(qh, rb, lead[1]),
+                   pw.dy_row(qw, rc, lead[2]), rco % c0]
+        k = w_flip[grp, pd.flip(ra), ph.flip(rb), pw.flip(rc), rco, (cb % g.cin1_g) * c0 + ci0]
         return te.sum(x.astype(ACC_DTYPE) * k.astype(ACC_DTYPE), axis=[rco, ra, rb, rc])
 
     return te.compute(shape, body, name=phase.name, tag=_tag("mad"))
@@ -454,8 +460,7 @@ def _winograd_filter(w_flip: te.Tensor, axis: AxisPhase) -> te.Tensor:
     half = tirx.const(0.5, ACC_DTYPE)
 
     def body(grp, a, b, e, co, ci):
-        k = [w_flip[grp, a, b, axis.flip0 + c * axis.tap_step, co, ci].astype(ACC_DTYPE)
-             for c in range(3)]
+        k = [w_flip[grp, a, b, axis.flip(c), co, ci].astype(ACC_DTYPE) for c in range(3)]
         return tirx.Select(e == 0, k[0], tirx.Select(
             e == 1, (k[0] + k[1] + k[2]) * half,
             tirx.Select(e == 2, (k[0] - k[1] + k[2]) * half, k[2])))
@@ -477,10 +482,9 @@ def _mad_winograd(v: te.Tensor, u: te.Tensor, lead: tuple[int, int, int],
     def body(nn, qd, cb, qh, e, t, ci0):
         grp = _merged_group(cb, g)
         co_block = grp * (g.cout_g // c0) + rco // c0
-        x = v[nn, (qd + pd.q0) * pd.q_step + (pd.dy0 + lead[0]) + ra * pd.dy_step, co_block,
-              (qh + ph.q0) * ph.q_step + (ph.dy0 + lead[1]) + rb * ph.dy_step, e, t, rco % c0]
-        k = u[grp, pd.flip0 + ra * pd.tap_step, ph.flip0 + rb * ph.tap_step, e, rco,
-              (cb % g.cin1_g) * c0 + ci0]
+        x = v[nn, pd.dy_row(qd, ra, lead[0]), co_block, ph.dy_row(qh, rb, lead[1]), e, t,
+              rco % c0]
+        k = u[grp, pd.flip(ra), ph.flip(rb), e, rco, (cb % g.cin1_g) * c0 + ci0]
         return te.sum(x * k, axis=[rco, ra, rb])
 
     return te.compute(shape, body, name=phase.name, tag=_tag("mad"))
