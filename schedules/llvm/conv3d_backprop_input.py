@@ -171,14 +171,13 @@ def schedule(sch, p: BackpropInputParams, target, knobs: Knobs | str | None = No
     names = block_names(sch)
     if stages.DX_DY_DILATE in names:
         sch.compute_inline(sch.get_sblock(stages.DX_DY_DILATE))
-    if stages.DX_WINO_DY in names:  # its only reader: one pass over dy less
-        sch.compute_inline(sch.get_sblock(stages.DX_DY_PAD))
+    if stages.DX_WINO_DY in names:
+        sch.compute_inline(sch.get_sblock(stages.DX_DY_PAD))  # its only reader: one pass less
         names.remove(stages.DX_DY_PAD)
+        _schedule_winograd_dy(sch)
     for name in (stages.DX_DY_PAD, stages.DX_FILTER_FLIP, stages.DX_WINO_FILTER):
         if name in names:
             fuse_parallel_vectorize(sch, name, n_parallel=2)
-    if stages.DX_WINO_DY in names:
-        _schedule_winograd_dy(sch)
     for name in names:
         if name.startswith(stages.DX_MAD):
             height, width, channels = _extents(sch, sch.get_sblock(name))
