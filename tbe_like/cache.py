@@ -1,7 +1,10 @@
 """A cache of compiled kernels, in memory and on disk, independent of how a kernel is built.
 
 A kernel is identified by a key: the SHA-256 of the canonical JSON of the operator name, its
-fields (shapes, dtypes, parameters), the target, the TVM version and the tbe_like version. On disk
+fields (shapes, dtypes, parameters), the target, the TVM version, the tbe_like version and the
+SHA-256 of the code that writes kernels (:func:`code_fingerprint`: a changed compute or schedule
+rule is a new kernel, even under the same version number, so a cache never keeps handing out
+kernels of an older rule). On disk
 it is the pair ``<op>_<key>.so`` / ``<op>_<key>.json`` that ``kernel.export_kernel`` writes, in
 :func:`cache_dir`.
 
@@ -99,6 +102,35 @@ def _tbe_like_version() -> str:
     return __version__
 
 
+# The packages whose code decides what a kernel computes and how it is scheduled.
+_CODE_PACKAGES = ("tbe_like", "tbe_like.schedules")
+_code_fingerprint: str | None = None
+
+
+def code_fingerprint() -> str:
+    """SHA-256 of every Python source file of ``tbe_like`` and its schedule rules, computed once
+    per process."""
+    global _code_fingerprint
+    if _code_fingerprint is None:
+        import importlib
+
+        _code_fingerprint = hash_sources({name: Path(importlib.import_module(name).__file__)
+                                         .resolve().parent for name in _CODE_PACKAGES})
+    return _code_fingerprint
+
+
+def hash_sources(roots: Mapping[str, Path]) -> str:
+    """SHA-256 of the ``*.py`` files under each root: relative path and contents, in path order."""
+    files = {f"{name}/{path.relative_to(root).as_posix()}": path
+             for name, root in roots.items() for path in root.rglob("*.py")}
+    digest = hashlib.sha256()
+    for rel in sorted(files):
+        data = files[rel].read_bytes()
+        digest.update(f"{rel}\0{len(data)}\0".encode())
+        digest.update(data)
+    return digest.hexdigest()
+
+
 def check_op(op: Any) -> str:
     if not isinstance(op, str):
         raise TypeError(f"cache: op must be a string, got {op!r}")
@@ -126,6 +158,7 @@ def cache_key(op: str, fields: Mapping[str, Any], target_json: Mapping[str, Any]
         "target": _canonical(target_json, "target"),
         "tvm": TVM_VERSION,
         "tbe_like": _tbe_like_version(),
+        "code": code_fingerprint(),
     }
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:KEY_HEX_CHARS]

@@ -113,7 +113,8 @@ def test_key_is_canonical(target):
     assert kc.cache_key(OP, same, tj) == key
 
 
-@pytest.mark.parametrize("change", ["op", "fields", "nested-field", "target", "tvm", "tbe_like"])
+@pytest.mark.parametrize("change", ["op", "fields", "nested-field", "target", "tvm", "tbe_like",
+                                    "code"])
 def test_key_changes_with_every_input(change, target, monkeypatch):
     tj = target_json(target)
     key = kc.cache_key(OP, FIELDS, tj)
@@ -128,6 +129,8 @@ def test_key_changes_with_every_input(change, target, monkeypatch):
         tj = target_json(Target({"kind": "llvm", "mcpu": "x86-64"}))
     elif change == "tvm":
         monkeypatch.setattr(kc, "TVM_VERSION", "0.0.0")
+    elif change == "code":
+        monkeypatch.setattr(kc, "_code_fingerprint", "0" * 64)
     else:
         monkeypatch.setattr("tbe_like.__version__", "9.9.9")
     assert kc.cache_key(op, fields, tj) != key
@@ -293,3 +296,23 @@ def test_processes_share_the_disk_cache(cache_env, request):
     assert sorted(s["disk_hits"] for s in together) == [0, 1]
     (later,) = run_children(cache_env, 1, delay=0.0)
     assert later == {"memory_hits": 0, "disk_hits": 1, "builds": 0}
+
+
+def test_code_fingerprint_covers_compute_and_schedules(tmp_path):
+    """The key follows the code that writes kernels: the fingerprint hashes the sources of the
+    compute and of the schedule rules, so an edited rule cannot hand out a kernel cached by the
+    old one."""
+    import importlib
+    import shutil
+
+    fingerprint = kc.code_fingerprint()
+    assert len(fingerprint) == 64 and kc.code_fingerprint() == fingerprint
+    copies = {}
+    for name in kc._CODE_PACKAGES:
+        root = Path(importlib.import_module(name).__file__).resolve().parent
+        copies[name] = tmp_path / name
+        shutil.copytree(root, copies[name], ignore=shutil.ignore_patterns("__pycache__"))
+    assert kc.hash_sources(copies) == fingerprint
+    rule = copies["tbe_like.schedules"] / "llvm" / "conv3d_backprop_input.py"
+    rule.write_text(rule.read_text() + "\n# edited\n")
+    assert kc.hash_sources(copies) != fingerprint
