@@ -20,9 +20,9 @@ DX_DY_PAD = "dx_dy_pad"  # the dilated dy padded (or cropped) for a plain correl
 DX_FILTER_FLIP = "dx_filter_flip"  # the filter flipped in D/H/W with its channel axes swapped
 DX_MAD = "dx_mad"  # the float32 reduction over (co, kd, kh, kw)
 DX_RES = "dx_res"  # the result (N, D, Cin1, H*W, C0), bias added, padded channels zeroed
-# Winograd F(2,3) along W (CPU kernels): the padded dy and the flipped filter transformed
-DX_WINO_DY = "dx_wino_dy"  # (N, D, Cout1, H, 4, tiles, C0) float32, one per W phase
-DX_WINO_FILTER = "dx_wino_filter"  # (G, kd, kh, 4, cout_g, cin_g) float32, one per W phase
+# Winograd F(m,3) along W (CPU kernels): the padded dy and the flipped filter transformed
+DX_WINO_DY = "dx_wino_dy"  # (N, D, Cout1, H, m+2, tiles, C0) float32, one per W phase
+DX_WINO_FILTER = "dx_wino_filter"  # (G, kd, kh, m+2, cout_g, cin_g) float32, one per W phase
 
 TAG_PREFIX = "tbe_like."
 

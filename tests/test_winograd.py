@@ -1,8 +1,10 @@
-"""Winograd F(2,3) along W in the CPU input-gradient kernels (``compute.conv3d_backprop_input``).
+"""Winograd F(2,3) and F(4,3) along W in the CPU input-gradient kernels
+(``compute.conv3d_backprop_input``).
 
-Checked against the NumPy reference in float64 and against the direct correlation compiled
-from the same graph, on the shapes where the tiles do not cover W evenly (odd W, dilation 2 and
-3), with groups, padded channels, other taps in D/H, and the transposed-convolution path.
+Each transform is checked against the NumPy reference in float64 and against the direct
+correlation compiled from the same graph, on the shapes where the tiles do not cover W evenly
+(odd W, dilation 2 and 3), with groups, padded channels, other taps in D/H, and the
+transposed-convolution path.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import pytest
 
 from tbe_like import stages
 from tbe_like._tvm import IRModule, s_tir, tvm
-from tbe_like.compute.conv3d_backprop_input import result_periods
+from tbe_like.compute.conv3d_backprop_input import F23, F43, result_periods
 from tbe_like.ops import kernels
 from tbe_like.target import host_target
 from tbe_like.testing import reference as ref
@@ -46,11 +48,11 @@ def _run(graph, target, arrays):
     return out.numpy(), names
 
 
-def _check(conv, build):
-    """``build(winograd)`` -> Graph; returns the Winograd and the direct results."""
+def _check(conv, build, m):
+    """``build(winograd)`` -> Graph; returns the F(m,3) and the direct results."""
     target = host_target()
     rng = np.random.default_rng(7)
-    graph = build(True)
+    graph = build(m)
     arrays = [rng.standard_normal([int(v) for v in t.shape]).astype("float32")
               for t in graph.inputs]
     wino, names = _run(graph, target, arrays)
@@ -62,11 +64,12 @@ def _check(conv, build):
     return arrays, wino
 
 
+@pytest.mark.parametrize("m", [2, 4])
 @pytest.mark.parametrize("name", list(CASES))
-def test_winograd_input_gradient_matches_reference(name):
+def test_winograd_input_gradient_matches_reference(name, m):
     conv = CASES[name]
     prec = kernels.Precision("float32", "float32")
-    (dy, w), got = _check(conv, lambda wino: kernels.grad_input(conv, prec, winograd=wino))
+    (dy, w), got = _check(conv, lambda wino: kernels.grad_input(conv, prec, winograd=wino), m)
     x = np.zeros(conv.x_shape)
     expected, _, _ = ref.convolution_backward(
         dy.astype(np.float64), x, w.astype(np.float64), stride=list(conv.strides),
@@ -80,12 +83,14 @@ def test_winograd_forward_matches_direct():
     """The transposed convolution's input gradient (a forward convolution) uses it too."""
     conv = CASES["odd-w"]
     prec = kernels.Precision("float32", "float32")
-    _check(conv, lambda wino: kernels.forward(conv, prec, winograd=wino))
+    _check(conv, lambda wino: kernels.forward(conv, prec, winograd=wino), 4)
 
 
 def test_winograd_applies_to_stride_one_three_taps_only():
     prec = kernels.Precision("float32", "float32")
-    for conv, periods in [(CASES["even-w"], (1, 1, 2)), (CASES["dilated2"], (1, 1, 4)),
+    # even-w: 8 columns, 2 F(4,3) tiles (12 multiply-adds a row, F(2,3): 16); dilated2: 9
+    # columns 2 apart, F(4,3) and F(2,3) both 24 (4 tiles of 6 points, 6 of 4): the smaller.
+    for conv, periods in [(CASES["even-w"], (1, 1, 4)), (CASES["dilated2"], (1, 1, 4)),
                           (_conv(1, 16, (4, 8, 8), 16, (3, 3, 3), stride=2), (2, 2, 2)),
                           (_conv(1, 16, (4, 8, 8), 16, (3, 3, 5), pad=2), (1, 1, 1))]:
         graph = kernels.grad_input(conv, prec, winograd=True)
@@ -93,3 +98,20 @@ def test_winograd_applies_to_stride_one_three_taps_only():
         assert result_periods(graph.params, winograd=False) == conv.strides
     cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_80"})
     assert kernels.winograd_on(host_target()) and not kernels.winograd_on(cuda)
+
+
+@pytest.mark.parametrize("wino", [F23, F43])
+def test_winograd_transforms_compute_the_correlation(wino):
+    """AT ((G g) * (BT x)) is the m outputs of the 3-tap correlation of x with g, exactly."""
+    rng = np.random.default_rng(3)
+    x, g = rng.integers(-8, 9, wino.points), rng.integers(-8, 9, 3)
+    bt, gt, at = (np.array(mat, dtype=object) for mat in (wino.bt, wino.g, wino.at))
+    got = at.dot(gt.dot(g) * bt.dot(x))
+    want = [sum(int(x[i + k]) * int(g[k]) for k in range(3)) for i in range(wino.m)]
+    assert list(got) == want
+
+
+def test_winograd_rejects_an_unknown_tile():
+    prec = kernels.Precision("float32", "float32")
+    with pytest.raises(ValueError, match="winograd must be a bool or one of"):
+        kernels.grad_input(CASES["even-w"], prec, winograd=3)

@@ -31,10 +31,10 @@ padded, not dilated), ``dx_filter_flip`` (as above), one reduction per phase and
 appended when D is split, and ``dx_res``, which interleaves them. The reductions do exactly the
 multiply-adds of non-zero dy rows, plus those on the H and W padding.
 
-**Winograd F(2,3) along W** (``winograd=True``, stride-phase form, stride 1 and 3 taps in W):
+**Winograd F(m,3) along W** (``winograd=True``, stride-phase form, stride 1 and 3 taps in W):
 ``dx_wino_dy`` and ``dx_wino_filter`` transform dy and the flipped filter, each reduction
-computes the 4 transformed points of every pair of columns over (co, kd, kh), and ``dx_res``
-combines them (see the section below).
+computes the m+2 transformed points of every tile of m columns over (co, kd, kh), and
+``dx_res`` computes the columns from them (see the section below).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 from .. import stages
 from .._tvm import te, tirx
@@ -349,7 +350,8 @@ def _interleave(parts: list[tuple[Phase, object]], strides: tuple[int, int, int]
 
 def conv3d_backprop_input(w: te.Tensor, dy: te.Tensor, p: BackpropInputParams,
                           bias: te.Tensor | None = None, attrs: dict | None = None,
-                          stride_phases: bool = True, winograd: bool = False) -> te.Tensor:
+                          stride_phases: bool = True, winograd: bool | int = False
+                          ) -> te.Tensor:
     """dX as ``(N, D, Cin1, H*W, C0)`` in ``p.res_dtype``, accumulated in float32.
 
     Parameters
@@ -367,10 +369,11 @@ def conv3d_backprop_input(w: te.Tensor, dy: te.Tensor, p: BackpropInputParams,
     stride_phases : bool
         Build the stride-phase form (no multiply-adds on stride-dilation zeros); ``False`` builds
         the dense form with an explicit dilation stage.
-    winograd : bool
-        In the stride-phase form, compute W with Winograd F(2,3) where it applies (stride 1 and
-        3 taps along W, see ``_winograd_axis``): 4 multiply-adds per 2 columns instead of 6.
-        The CPU kernels of ``tbe_like.ops`` use it; its stages are float32.
+    winograd : bool or int
+        In the stride-phase form, compute W with Winograd F(m,3) where it applies (stride 1 and
+        3 taps along W, see ``_winograd_axis``): True picks m (F(4,3), 6 multiply-adds per 4
+        columns instead of 12, unless F(2,3) does fewer on a short row), 2 or 4 fixes it. The
+        CPU kernels of ``tbe_like.ops`` use it; its stages are float32.
     """
     if not stride_phases:
         dy_pad = _pad_dilated(_dilate(dy, p), p)
@@ -382,90 +385,149 @@ def conv3d_backprop_input(w: te.Tensor, dy: te.Tensor, p: BackpropInputParams,
 def _phase_correlation(w, dy, p, plan, strides, bias, attrs, winograd=False) -> te.Tensor:
     parts = []
     if plan:
-        wino = _winograd_axis(plan, strides) if winograd else None
+        found = _winograd_axis(plan, strides, winograd)
         padded = plan
-        if wino is not None:  # the last tile of a row may reach past its last column
-            wide = dataclasses.replace(wino, rows=_winograd_rows(wino))
+        if found is not None:  # the last tile of a row may reach past its last column
+            axis, wino = found
+            wide = dataclasses.replace(axis, rows=_winograd_tiles(axis, wino.m) * wino.m)
             padded = [Phase(ph.name, (*ph.axes[:2], wide)) for ph in plan]
         dy_pad, lead = _pad_phases(dy, p, padded)
         w_flip = _flip(w, p)
-        if wino is None:
+        if found is None:
             for ph in plan:
                 mad = _mad_phase(dy_pad, lead, w_flip, p, ph)
                 parts.append((ph, lambda *i, mad=mad: mad[i]))
         else:
-            v = _winograd_dy(dy_pad, lead[2], wino)
-            u = _winograd_filter(w_flip, wino)
+            v = _winograd_dy(dy_pad, lead[2], axis, wino)
+            u = _winograd_filter(w_flip, axis, wino)
             for ph in plan:
-                parts.append((ph, _winograd_output(_mad_winograd(v, u, lead, p, ph), wino)))
+                mad = _mad_winograd(v, u, lead, p, ph)
+                parts.append((ph, _winograd_output(mad, axis, wino)))
     return _result(_interleave(parts, strides, p.geometry.in_spatial), bias, p, attrs)
 
 
-# Winograd F(2,3) along W --------------------------------------------------------------------
+# Winograd F(m,3) along W --------------------------------------------------------------------
 #
-# Two neighbouring output columns y0, y1 of a 3-tap correlation read 4 dy columns x0..x3 (``s``
-# apart with dilation) and the taps g0, g1, g2:
+# m neighbouring output columns y of a 3-tap correlation read m+2 dy columns x (``s`` apart with
+# dilation) and the taps g. With the transforms of a tile (Lavin & Gray):
 #
-#     V = (x0 - x2, x1 + x2, x2 - x1, x1 - x3)      U = (g0, (g0+g1+g2)/2, (g0-g1+g2)/2, g2)
-#     M_e = sum over (co, kd, kh) of V_e * U_e      y0 = M0 + M1 + M2,   y1 = M1 - M2 - M3
+#     V = BT x      U = G g      M_e = sum over (co, kd, kh) of V_e * U_e      y = AT M
 #
-# so the reduction does 4 multiply-adds per 2 columns instead of 6. ``dx_wino_dy`` holds V for
-# every tile (and every dy row and channel), ``dx_wino_filter`` U, the ``dx_mad*`` stages M as
-# ``(N, D, Cin1, H, 4, tiles, C0)``; ``dx_res`` combines M into columns. Tile ``t`` covers the
-# columns ``base, base + s`` with ``base = (t // s) * 2s + t % s``: with dilation ``s`` the
-# columns of one tile are ``s`` apart, like the dy columns they read.
-
-WINOGRAD_POINTS = 4
+# the reduction does m+2 multiply-adds per m columns instead of 3m: F(2,3) 4 per 2 (2/3 of the
+# direct form), F(4,3) 6 per 4 (1/2). ``dx_wino_dy`` holds V for every tile (and every dy row
+# and channel), ``dx_wino_filter`` U, the ``dx_mad*`` stages M as ``(N, D, Cin1, H, m+2, tiles,
+# C0)``; ``dx_res`` computes the columns from M. Tile ``t`` covers the columns ``base + j*s``
+# (j < m) with ``base = (t // s) * m*s + t % s``: with dilation ``s`` the columns of one tile
+# are ``s`` apart, like the dy columns they read.
 
 
-def _winograd_axis(plan: list[Phase], strides) -> AxisPhase | None:
-    """The W axis of every phase when Winograd F(2,3) applies to it, else None: stride 1 in W
-    (one W phase, which every reduction shares), 3 taps, one row per step of q."""
+@dataclass(frozen=True)
+class Winograd:
+    """The transforms of F(m, 3): ``bt`` (m+2, m+2), ``g`` (m+2, 3), ``at`` (m, m+2)."""
+
+    m: int
+    bt: tuple[tuple[Fraction, ...], ...]
+    g: tuple[tuple[Fraction, ...], ...]
+    at: tuple[tuple[Fraction, ...], ...]
+
+    @property
+    def points(self) -> int:
+        return self.m + 2
+
+
+def _fractions(rows) -> tuple[tuple[Fraction, ...], ...]:
+    return tuple(tuple(Fraction(v) for v in row) for row in rows)
+
+
+F23 = Winograd(2, _fractions([(1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1)]),
+               _fractions([(1, 0, 0), ("1/2", "1/2", "1/2"), ("1/2", "-1/2", "1/2"), (0, 0, 1)]),
+               _fractions([(1, 1, 1, 0), (0, 1, -1, -1)]))
+# Points 0, 1, -1, 2, -2 and infinity. float32 relative error about 4e-7 (F(2,3): 2e-7).
+F43 = Winograd(4, _fractions([(4, 0, -5, 0, 1, 0), (0, -4, -4, 1, 1, 0), (0, 4, -4, -1, 1, 0),
+                              (0, -2, -1, 2, 1, 0), (0, 2, -1, -2, 1, 0), (0, 4, 0, -5, 0, 1)]),
+               _fractions([("1/4", 0, 0), ("-1/6", "-1/6", "-1/6"), ("-1/6", "1/6", "-1/6"),
+                           ("1/24", "1/12", "1/6"), ("1/24", "-1/12", "1/6"), (0, 0, 1)]),
+               _fractions([(1, 1, 1, 1, 1, 0), (0, 1, -1, 2, -2, 0), (0, 1, 1, 4, 4, 0),
+                           (0, 1, -1, 8, -8, 1)]))
+WINOGRAD = {2: F23, 4: F43}
+
+
+def _combine(coeffs, values):
+    """``sum(c * v)`` without the zero terms and without multiplying by 1 or -1."""
+    total = None
+    for c, v in zip(coeffs, values, strict=True):
+        if c == 0:
+            continue
+        term = v if abs(c) == 1 else v * tirx.const(float(abs(c)), ACC_DTYPE)
+        if total is None:
+            total = term if c > 0 else -term
+        else:
+            total = total + term if c > 0 else total - term
+    return total
+
+
+def _pick(index, options):
+    """``options[index]`` for an index expression: a chain of selects."""
+    value = options[-1]
+    for i in range(len(options) - 2, -1, -1):
+        value = tirx.Select(index == i, options[i], value)
+    return value
+
+
+def _winograd_axis(plan: list[Phase], strides, winograd: bool | int
+                   ) -> tuple[AxisPhase, Winograd] | None:
+    """The W axis of every phase and the transform to compute it with, when Winograd applies:
+    stride 1 in W (one W phase, which every reduction shares), 3 taps, one row per step of q.
+
+    ``winograd``: True takes the tile with fewer multiply-adds over the rounded-up row
+    (F(4,3) unless the row is too short), 2 or 4 that F(m,3); False: None.
+    """
+    if not winograd or not plan:
+        return None
     axis = plan[0].axes[2]
     if strides[2] != 1 or axis.taps != 3 or axis.q_step != 1 or axis.q0 != 0:
         return None
-    return axis
+    if winograd is True:
+        # Multiply-adds per row: rounded-up columns * (m+2)/m; a tie keeps the smaller tile.
+        m = min(WINOGRAD, key=lambda m: (_winograd_tiles(axis, m) * (m + 2), m))
+    elif winograd in WINOGRAD:
+        m = winograd
+    else:
+        raise ValueError(f"conv3d_backprop_input: winograd must be a bool or one of "
+                         f"{sorted(WINOGRAD)}, got {winograd!r}")
+    return axis, WINOGRAD[m]
 
 
-def _winograd_tiles(axis: AxisPhase) -> int:
+def _winograd_tiles(axis: AxisPhase, m: int) -> int:
     s = axis.dy_step
-    return -(-axis.rows // (2 * s)) * s
+    return -(-axis.rows // (m * s)) * s
 
 
-def _winograd_rows(axis: AxisPhase) -> int:
-    """The columns the tiles compute: the W rows rounded up to whole tiles."""
-    return _winograd_tiles(axis) * 2
+def _tile_base(t, m: int, s: int):
+    return t * m if s == 1 else t // s * (m * s) + t % s
 
 
-def _tile_base(t, s: int):
-    return t * 2 if s == 1 else t // s * (2 * s) + t % s
-
-
-def _winograd_dy(dy_pad: te.Tensor, lead: int, axis: AxisPhase) -> te.Tensor:
+def _winograd_dy(dy_pad: te.Tensor, lead: int, axis: AxisPhase, wino: Winograd) -> te.Tensor:
     n, d, c1, h, _, c0 = (int(x) for x in dy_pad.shape)
     s, off = axis.dy_step, axis.dy0 + lead
 
     def body(nn, dd, cb, hh, e, t, cc):
-        x = [dy_pad[nn, dd, cb, hh, _tile_base(t, s) + off + k * s, cc].astype(ACC_DTYPE)
-             for k in range(4)]
-        return tirx.Select(e == 0, x[0] - x[2], tirx.Select(
-            e == 1, x[1] + x[2], tirx.Select(e == 2, x[2] - x[1], x[1] - x[3])))
+        x = [dy_pad[nn, dd, cb, hh, _tile_base(t, wino.m, s) + off + k * s, cc]
+             .astype(ACC_DTYPE) for k in range(wino.points)]
+        return _pick(e, [_combine(row, x) for row in wino.bt])
 
-    shape = (n, d, c1, h, WINOGRAD_POINTS, _winograd_tiles(axis), c0)
+    shape = (n, d, c1, h, wino.points, _winograd_tiles(axis, wino.m), c0)
     return te.compute(shape, body, name=stages.DX_WINO_DY, tag=_tag("wino_dy"))
 
 
-def _winograd_filter(w_flip: te.Tensor, axis: AxisPhase) -> te.Tensor:
+def _winograd_filter(w_flip: te.Tensor, axis: AxisPhase, wino: Winograd) -> te.Tensor:
     g, kd, kh, _, cout, cin = (int(x) for x in w_flip.shape)
-    half = tirx.const(0.5, ACC_DTYPE)
 
     def body(grp, a, b, e, co, ci):
         k = [w_flip[grp, a, b, axis.flip(c), co, ci].astype(ACC_DTYPE) for c in range(3)]
-        return tirx.Select(e == 0, k[0], tirx.Select(
-            e == 1, (k[0] + k[1] + k[2]) * half,
-            tirx.Select(e == 2, (k[0] - k[1] + k[2]) * half, k[2])))
+        return _pick(e, [_combine(row, k) for row in wino.g])
 
-    return te.compute((g, kd, kh, WINOGRAD_POINTS, cout, cin), body,
+    return te.compute((g, kd, kh, wino.points, cout, cin), body,
                       name=stages.DX_WINO_FILTER, tag=_tag("wino_filter"))
 
 
@@ -476,8 +538,7 @@ def _mad_winograd(v: te.Tensor, u: te.Tensor, lead: tuple[int, int, int],
     rco = te.reduce_axis((0, g.cout_g), name="co")
     ra = te.reduce_axis((0, pd.taps), name="a")
     rb = te.reduce_axis((0, ph.taps), name="b")
-    shape = (p.geometry.batch, pd.rows, g.real_g * g.cin1_g, ph.rows, WINOGRAD_POINTS,
-             int(v.shape[5]), c0)
+    shape = (p.geometry.batch, pd.rows, g.real_g * g.cin1_g, ph.rows, *v.shape[4:6], c0)
 
     def body(nn, qd, cb, qh, e, t, ci0):
         grp = _merged_group(cb, g)
@@ -490,34 +551,34 @@ def _mad_winograd(v: te.Tensor, u: te.Tensor, lead: tuple[int, int, int],
     return te.compute(shape, body, name=phase.name, tag=_tag("mad"))
 
 
-def _winograd_output(mad: te.Tensor, axis: AxisPhase):
+def _winograd_output(mad: te.Tensor, axis: AxisPhase, wino: Winograd):
     """``read(n, qd, cb, qh, q, c)``: column ``q`` of a Winograd reduction."""
-    s = axis.dy_step
+    s, m = axis.dy_step, wino.m
 
     def read(nn, qd, cb, qh, q, cc):
-        if s == 1:
-            t, j = q // 2, q % 2
-        else:
-            t, j = q // (2 * s) * s + q % s, q % (2 * s) // s
-        m = [mad[nn, qd, cb, qh, e, t, cc] for e in range(WINOGRAD_POINTS)]
-        return tirx.if_then_else(j == 0, m[0] + m[1] + m[2], m[1] - m[2] - m[3])
+        t, j = (q // m, q % m) if s == 1 else (q // (m * s) * s + q % s, q % (m * s) // s)
+        points = [mad[nn, qd, cb, qh, e, t, cc] for e in range(wino.points)]
+        return _pick(j, [_combine(row, points) for row in wino.at])
 
     return read
 
 
-def result_periods(p: BackpropInputParams, winograd: bool, forward: bool = False
+def result_periods(p: BackpropInputParams, winograd: bool | int, forward: bool = False
                    ) -> tuple[int, int, int]:
     """The (D, H, W) periods of the result rows: along an axis, which reduction (and Winograd
     column) a row reads repeats with this period. Schedules split the result's loops by them."""
     geo = p.geometry
     strides = (1, 1, 1) if forward else geo.strides
     plan = _forward_plan(p) if forward else phases(p)
-    wino = _winograd_axis(plan, strides) if winograd and plan else None
-    return (*strides[:2], 2 * wino.dy_step if wino is not None else strides[2])
+    found = _winograd_axis(plan, strides, winograd)
+    if found is None:
+        return strides
+    axis, wino = found
+    return (*strides[:2], wino.m * axis.dy_step)
 
 
 def conv3d_forward(w: te.Tensor, x: te.Tensor, p: BackpropInputParams,
-                   attrs: dict | None = None, winograd: bool = False) -> te.Tensor:
+                   attrs: dict | None = None, winograd: bool | int = False) -> te.Tensor:
     """A forward convolution on the same stages: y = conv(x, W), stride, pads and dilation of p.
 
     The roles are those of the input gradient with x in dy's place: ``p.dy_shape`` is x in 6HD

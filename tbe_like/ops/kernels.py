@@ -145,13 +145,13 @@ def _placeholder(shape, name: str, dtype: str) -> te.Tensor:
 
 
 def winograd_on(target: Target) -> bool:
-    """Whether the input-gradient kernels for ``target`` use Winograd F(2,3) along W where it
+    """Whether the input-gradient kernels for ``target`` use Winograd F(m,3) along W where it
     applies (``compute.conv3d_backprop_input``): on CPUs, where the multiply-adds are the time."""
     return str(target.kind.name) == "llvm"
 
 
 def grad_input(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "grad_input"),
-               winograd: bool = False) -> Graph:
+               winograd: bool | int = False) -> Graph:
     """dX of ``conv``: ``(dy (N, cout, ...), W (cout, cin/g, k...)) -> (N, cin, ...)``."""
     dy = _placeholder(conv.y_shape, names[0], prec.dtype)
     w = _placeholder(conv.w_shape, names[1], prec.dtype)
@@ -171,7 +171,7 @@ def grad_input(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "g
 
 
 def forward(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "grad_input"),
-            winograd: bool = False) -> Graph:
+            winograd: bool | int = False) -> Graph:
     """y of ``conv``: ``(x (N, cin, ...), W (cout, cin/g, k...)) -> (N, cout, ...)``.
 
     The core takes W with its channel axes swapped per group (``(cin, cout/g)``): the pack
