@@ -14,7 +14,8 @@ import pytest
 
 from tbe_like import stages
 from tbe_like._tvm import IRModule, s_tir, tvm
-from tbe_like.compute.conv3d_backprop_input import F23, F43, result_periods
+from tbe_like.compute.conv3d_backprop_input import result_periods
+from tbe_like.compute.winograd import F23, F43
 from tbe_like.ops import kernels
 from tbe_like.target import host_target
 from tbe_like.testing import reference as ref

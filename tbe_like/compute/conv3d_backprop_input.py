@@ -43,12 +43,12 @@ import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
-from fractions import Fraction
 
 from .. import stages
 from .._tvm import te, tirx
 from ..groups import FRACTAL_N0
 from ..params import INPUT_OP, BackpropInputParams
+from .winograd import Winograd, choose, combine, pick, tile_base, winograd_tiles
 
 ACC_DTYPE = "float32"
 
@@ -421,59 +421,6 @@ def _phase_correlation(w, dy, p, plan, strides, bias, attrs, winograd=False) -> 
 # are ``s`` apart, like the dy columns they read.
 
 
-@dataclass(frozen=True)
-class Winograd:
-    """The transforms of F(m, 3): ``bt`` (m+2, m+2), ``g`` (m+2, 3), ``at`` (m, m+2)."""
-
-    m: int
-    bt: tuple[tuple[Fraction, ...], ...]
-    g: tuple[tuple[Fraction, ...], ...]
-    at: tuple[tuple[Fraction, ...], ...]
-
-    @property
-    def points(self) -> int:
-        return self.m + 2
-
-
-def _fractions(rows) -> tuple[tuple[Fraction, ...], ...]:
-    return tuple(tuple(Fraction(v) for v in row) for row in rows)
-
-
-F23 = Winograd(2, _fractions([(1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1)]),
-               _fractions([(1, 0, 0), ("1/2", "1/2", "1/2"), ("1/2", "-1/2", "1/2"), (0, 0, 1)]),
-               _fractions([(1, 1, 1, 0), (0, 1, -1, -1)]))
-# Points 0, 1, -1, 2, -2 and infinity. float32 relative error about 4e-7 (F(2,3): 2e-7).
-F43 = Winograd(4, _fractions([(4, 0, -5, 0, 1, 0), (0, -4, -4, 1, 1, 0), (0, 4, -4, -1, 1, 0),
-                              (0, -2, -1, 2, 1, 0), (0, 2, -1, -2, 1, 0), (0, 4, 0, -5, 0, 1)]),
-               _fractions([("1/4", 0, 0), ("-1/6", "-1/6", "-1/6"), ("-1/6", "1/6", "-1/6"),
-                           ("1/24", "1/12", "1/6"), ("1/24", "-1/12", "1/6"), (0, 0, 1)]),
-               _fractions([(1, 1, 1, 1, 1, 0), (0, 1, -1, 2, -2, 0), (0, 1, 1, 4, 4, 0),
-                           (0, 1, -1, 8, -8, 1)]))
-WINOGRAD = {2: F23, 4: F43}
-
-
-def _combine(coeffs, values):
-    """``sum(c * v)`` without the zero terms and without multiplying by 1 or -1."""
-    total = None
-    for c, v in zip(coeffs, values, strict=True):
-        if c == 0:
-            continue
-        term = v if abs(c) == 1 else v * tirx.const(float(abs(c)), ACC_DTYPE)
-        if total is None:
-            total = term if c > 0 else -term
-        else:
-            total = total + term if c > 0 else total - term
-    return total
-
-
-def _pick(index, options):
-    """``options[index]`` for an index expression: a chain of selects."""
-    value = options[-1]
-    for i in range(len(options) - 2, -1, -1):
-        value = tirx.Select(index == i, options[i], value)
-    return value
-
-
 def _winograd_axis(plan: list[Phase], strides, winograd: bool | int
                    ) -> tuple[AxisPhase, Winograd] | None:
     """The W axis of every phase and the transform to compute it with, when Winograd applies:
@@ -487,24 +434,11 @@ def _winograd_axis(plan: list[Phase], strides, winograd: bool | int
     axis = plan[0].axes[2]
     if strides[2] != 1 or axis.taps != 3 or axis.q_step != 1 or axis.q0 != 0:
         return None
-    if winograd is True:
-        # Multiply-adds per row: rounded-up columns * (m+2)/m; a tie keeps the smaller tile.
-        m = min(WINOGRAD, key=lambda m: (_winograd_tiles(axis, m) * (m + 2), m))
-    elif winograd in WINOGRAD:
-        m = winograd
-    else:
-        raise ValueError(f"conv3d_backprop_input: winograd must be a bool or one of "
-                         f"{sorted(WINOGRAD)}, got {winograd!r}")
-    return axis, WINOGRAD[m]
+    return axis, choose(winograd, axis.rows, axis.dy_step, INPUT_OP)
 
 
 def _winograd_tiles(axis: AxisPhase, m: int) -> int:
-    s = axis.dy_step
-    return -(-axis.rows // (m * s)) * s
-
-
-def _tile_base(t, m: int, s: int):
-    return t * m if s == 1 else t // s * (m * s) + t % s
+    return winograd_tiles(axis.rows, m, axis.dy_step)
 
 
 def _winograd_dy(dy_pad: te.Tensor, lead: int, axis: AxisPhase, wino: Winograd) -> te.Tensor:
@@ -512,9 +446,9 @@ def _winograd_dy(dy_pad: te.Tensor, lead: int, axis: AxisPhase, wino: Winograd) 
     s, off = axis.dy_step, axis.dy0 + lead
 
     def body(nn, dd, cb, hh, e, t, cc):
-        x = [dy_pad[nn, dd, cb, hh, _tile_base(t, wino.m, s) + off + k * s, cc]
+        x = [dy_pad[nn, dd, cb, hh, tile_base(t, wino.m, s) + off + k * s, cc]
              .astype(ACC_DTYPE) for k in range(wino.points)]
-        return _pick(e, [_combine(row, x) for row in wino.bt])
+        return pick(e, [combine(row, x) for row in wino.bt])
 
     shape = (n, d, c1, h, wino.points, _winograd_tiles(axis, wino.m), c0)
     return te.compute(shape, body, name=stages.DX_WINO_DY, tag=_tag("wino_dy"))
@@ -525,7 +459,7 @@ def _winograd_filter(w_flip: te.Tensor, axis: AxisPhase, wino: Winograd) -> te.T
 
     def body(grp, a, b, e, co, ci):
         k = [w_flip[grp, a, b, axis.flip(c), co, ci].astype(ACC_DTYPE) for c in range(3)]
-        return _pick(e, [_combine(row, k) for row in wino.g])
+        return pick(e, [combine(row, k) for row in wino.g])
 
     return te.compute((g, kd, kh, wino.points, cout, cin), body,
                       name=stages.DX_WINO_FILTER, tag=_tag("wino_filter"))
@@ -558,7 +492,7 @@ def _winograd_output(mad: te.Tensor, axis: AxisPhase, wino: Winograd):
     def read(nn, qd, cb, qh, q, cc):
         t, j = (q // m, q % m) if s == 1 else (q // (m * s) * s + q % s, q % (m * s) // s)
         points = [mad[nn, qd, cb, qh, e, t, cc] for e in range(wino.points)]
-        return _pick(j, [_combine(row, points) for row in wino.at])
+        return pick(j, [combine(row, points) for row in wino.at])
 
     return read
 
