@@ -31,13 +31,23 @@ def _is_reduction(sch, block) -> bool:
     return any(int(iv.iter_type) == _REDUCE for iv in sch.get(block).iter_vars)
 
 
+# Winograd transforms read each input value several times and gather C0 channels: reading the
+# user's NCDHW array directly, a C0 vector is 16 loads D*H*W apart.
+_WINOGRAD_TRANSFORMS = (stages.DX_WINO_DY, stages.DW_WINO_X, stages.DW_WINO_DY)
+
+
+def _is_winograd(sch, block) -> bool:
+    return sch.get(block).name_hint in _WINOGRAD_TRANSFORMS
+
+
 def schedule_layout_stages(sch, target, row_periods=None) -> None:
     del target
     for name in block_names(sch):
         if name.startswith(stages.LAYOUT_IN):
             block = sch.get_sblock(name)
             consumers = sch.get_consumers(block)
-            if consumers and not any(_is_reduction(sch, c) for c in consumers):
+            if consumers and not any(_is_reduction(sch, c) or _is_winograd(sch, c)
+                                     for c in consumers):
                 sch.compute_inline(block)
             else:
                 fuse_parallel_vectorize(sch, name, n_parallel=2)

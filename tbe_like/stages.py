@@ -13,6 +13,9 @@ DW_FMAP_COL = "dw_fmap_col"  # the padded x re-indexed into the (merged group) c
 DW_DY_MATRIX = "dw_dy_matrix"  # dy in NDC1HWC0 re-indexed into a (group, m, cout_g) matrix
 DW_MAD = "dw_mad"  # the float32 reduction over n, do, ho, wo
 DW_RES = "dw_res"  # the result in FRACTAL_Z_3D, cross-group and padded cells zeroed
+# Winograd F(m,3) along W (CPU kernels): x and dy transformed, float32
+DW_WINO_X = "dw_wino_x"  # (N, Dp, Cin1, Hp, m+2, tiles, C0): BT of the padded x
+DW_WINO_DY = "dw_wino_dy"  # (G, N, Do, Ho, m+2, tiles, cout_g): A of dy
 
 # conv3d_backprop_input (input gradient, also conv3d_transpose)
 DX_DY_DILATE = "dx_dy_dilate"  # dy with stride - 1 zeros between neighbours

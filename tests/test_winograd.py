@@ -1,5 +1,5 @@
-"""Winograd F(2,3) and F(4,3) along W in the CPU input-gradient kernels
-(``compute.conv3d_backprop_input``).
+"""Winograd F(2,3) and F(4,3) along W in the CPU input- and weight-gradient kernels
+(``compute.conv3d_backprop_input``, ``compute.conv3d_backprop_filter``).
 
 Each transform is checked against the NumPy reference in float64 and against the direct
 correlation compiled from the same graph, on the shapes where the tiles do not cover W evenly
@@ -38,6 +38,10 @@ CASES = {
 }
 
 
+WINOGRAD_STAGES = {"grad_input": (stages.DX_WINO_DY, stages.DX_WINO_FILTER),
+                   "grad_weight": (stages.DW_WINO_X, stages.DW_WINO_DY)}
+
+
 def _run(graph, target, arrays):
     sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})), graph,
                            target)
@@ -49,7 +53,7 @@ def _run(graph, target, arrays):
     return out.numpy(), names
 
 
-def _check(conv, build, m):
+def _check(conv, build, m, kind="grad_input"):
     """``build(winograd)`` -> Graph; returns the F(m,3) and the direct results."""
     target = host_target()
     rng = np.random.default_rng(7)
@@ -57,9 +61,9 @@ def _check(conv, build, m):
     arrays = [rng.standard_normal([int(v) for v in t.shape]).astype("float32")
               for t in graph.inputs]
     wino, names = _run(graph, target, arrays)
-    assert stages.DX_WINO_DY in names and stages.DX_WINO_FILTER in names, names
+    assert set(WINOGRAD_STAGES[kind]) <= names, names
     direct, names = _run(build(False), target, arrays)
-    assert stages.DX_WINO_DY not in names
+    assert not set(WINOGRAD_STAGES[kind]) & names
     scale = np.abs(direct).max()
     np.testing.assert_allclose(wino, direct, rtol=0, atol=1e-5 * scale)
     return arrays, wino
@@ -80,6 +84,22 @@ def test_winograd_input_gradient_matches_reference(name, m):
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
 
 
+@pytest.mark.parametrize("m", [2, 4])
+@pytest.mark.parametrize("name", list(CASES))
+def test_winograd_weight_gradient_matches_reference(name, m):
+    conv = CASES[name]
+    prec = kernels.Precision("float32", "float32")
+    (x, dy), got = _check(conv, lambda wino: kernels.grad_weight(conv, prec, winograd=wino), m,
+                          "grad_weight")
+    w = np.zeros(conv.w_shape)
+    _, expected, _ = ref.convolution_backward(
+        dy.astype(np.float64), x.astype(np.float64), w, stride=list(conv.strides),
+        padding=[conv.pads[0], conv.pads[2], conv.pads[4]], dilation=list(conv.dilations),
+        transposed=False, output_padding=[0, 0, 0], groups=conv.groups,
+        output_mask=(False, True, False))
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+
+
 def test_winograd_forward_matches_direct():
     """The transposed convolution's input gradient (a forward convolution) uses it too."""
     conv = CASES["odd-w"]
@@ -97,6 +117,13 @@ def test_winograd_applies_to_stride_one_three_taps_only():
         graph = kernels.grad_input(conv, prec, winograd=True)
         assert graph.row_periods == periods
         assert result_periods(graph.params, winograd=False) == conv.strides
+    for conv, applies in [(CASES["even-w"], True), (CASES["dilated3-pad0"], True),
+                          (_conv(1, 16, (4, 8, 8), 16, (3, 3, 3), stride=2), False),
+                          (_conv(1, 16, (4, 8, 8), 16, (3, 3, 5), pad=2), False)]:
+        graph = kernels.grad_weight(conv, prec, winograd=True)
+        names = {t.op.name for t in _stage_tensors(graph.output)}
+        assert (stages.DW_WINO_X in names) is applies
+        assert (stages.DW_FMAP_COL in names) is not applies
     cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_80"})
     assert kernels.winograd_on(host_target()) and not kernels.winograd_on(cuda)
 
@@ -116,3 +143,14 @@ def test_winograd_rejects_an_unknown_tile():
     prec = kernels.Precision("float32", "float32")
     with pytest.raises(ValueError, match="winograd must be a bool or one of"):
         kernels.grad_input(CASES["even-w"], prec, winograd=3)
+
+
+def _stage_tensors(tensor):
+    """Every tensor a result is computed from."""
+    seen, todo = {}, [tensor]
+    while todo:
+        t = todo.pop()
+        if t.op.name not in seen:
+            seen[t.op.name] = t
+            todo += list(t.op.input_tensors)
+    return list(seen.values())

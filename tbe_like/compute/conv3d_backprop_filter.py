@@ -14,6 +14,12 @@ with ``m = (n, do, ho, wo)``. The stages, each named in ``tbe_like.stages``:
 5. ``dw_res``        the result in ``res_dtype``, laid out as FRACTAL_Z_3D with groups, with zeros
    wherever an output channel and an input channel belong to different original groups or a
    channel is padding (TBE leaves garbage there; we do not).
+
+**Winograd F(m,3) along W** (``winograd=True``; stride 1 and 3 taps in W, any dilation; the CPU
+kernels of ``tbe_like.ops``): ``dw_wino_x`` transforms the padded x (``BT``, m+2 points per
+tile of m output columns), ``dw_wino_dy`` transforms dy (``A``), ``dw_mad`` reduces each point
+over (n, do, ho, tiles) and ``dw_res`` applies ``G`` (see ``compute.winograd``): m+2
+multiply-adds per m columns and tap row instead of 3m. There is no column stage.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 from .. import stages
 from .._tvm import te, tirx
 from ..params import FILTER_OP, BackpropFilterParams
+from .winograd import Winograd, choose, combine, pick, tile_base, winograd_tiles
 
 ACC_DTYPE = "float32"
 
@@ -29,14 +36,16 @@ def _tag(stage: str) -> str:
     return stages.tag(FILTER_OP, stage)
 
 
-def _fmap_pad(x: te.Tensor, p: BackpropFilterParams) -> te.Tensor:
+def _fmap_pad(x: te.Tensor, p: BackpropFilterParams, out_w: int | None = None) -> te.Tensor:
+    """``out_w``: the output columns to cover (default Wo; Winograd tiles may reach past it)."""
     geo, g = p.geometry, p.geometry.group
     n, _, cin1, _, _, c0 = p.x_shape
     front, top, left = geo.pads_before
     d_in, h_in, w_in = geo.in_spatial
+    out = (*geo.out_spatial[:2], geo.out_spatial[2] if out_w is None else out_w)
     # Only the rows the kernel reaches: the trailing pad beyond them is never read.
     ext = [(o - 1) * s + (k - 1) * d + 1 for o, s, k, d in
-           zip(geo.out_spatial, geo.strides, geo.kernel, geo.dilations, strict=True)]
+           zip(out, geo.strides, geo.kernel, geo.dilations, strict=True)]
     zero = tirx.const(0, p.dtype)
 
     def body(nn, d, c1, h, w, cc):
@@ -91,7 +100,74 @@ def _mad(col: te.Tensor, dy_mat: te.Tensor, p: BackpropFilterParams) -> te.Tenso
     return te.compute(shape, body, name=stages.DW_MAD, tag=_tag("mad"))
 
 
-def _result(acc: te.Tensor, p: BackpropFilterParams, attrs: dict | None) -> te.Tensor:
+def _winograd(p: BackpropFilterParams, winograd: bool | int) -> Winograd | None:
+    geo = p.geometry
+    if not winograd or geo.strides[2] != 1 or geo.kernel[2] != 3:
+        return None
+    return choose(winograd, geo.out_spatial[2], geo.dilations[2], FILTER_OP)
+
+
+def _winograd_x(x_pad: te.Tensor, wino: Winograd, s: int, tiles: int) -> te.Tensor:
+    """``(N, Dp, C1, Hp, m+2, tiles, C0)`` float32: BT of the m+2 padded x columns of a tile."""
+    n, d, c1, h, _, c0 = (int(v) for v in x_pad.shape)
+
+    def body(nn, dd, cb, hh, e, t, cc):
+        x = [x_pad[nn, dd, cb, hh, tile_base(t, wino.m, s) + k * s, cc].astype(ACC_DTYPE)
+             for k in range(wino.points)]
+        return pick(e, [combine(row, x) for row in wino.bt])
+
+    return te.compute((n, d, c1, h, wino.points, tiles, c0), body, name=stages.DW_WINO_X,
+                      tag=_tag("wino_x"))
+
+
+def _winograd_dy(dy_mat: te.Tensor, wino: Winograd, s: int, tiles: int) -> te.Tensor:
+    """``(G, N, Do, Ho, m+2, tiles, cout_g)`` float32: A (AT transposed) of the m dy columns
+    of a tile, zero past Wo."""
+    g, n, do, ho, wo, cout = (int(v) for v in dy_mat.shape)
+    zero = tirx.const(0, ACC_DTYPE)
+
+    def body(grp, nn, dd, hh, e, t, co):
+        cols = [tile_base(t, wino.m, s) + j * s for j in range(wino.m)]
+        y = [tirx.if_then_else(c < wo, dy_mat[grp, nn, dd, hh, tirx.min(c, wo - 1), co]
+                               .astype(ACC_DTYPE), zero) for c in cols]
+        return pick(e, [combine([row[e_] for row in wino.at], y)
+                        for e_ in range(wino.points)])
+
+    return te.compute((g, n, do, ho, wino.points, tiles, cout), body, name=stages.DW_WINO_DY,
+                      tag=_tag("wino_dy"))
+
+
+def _mad_winograd(v: te.Tensor, u: te.Tensor, p: BackpropFilterParams) -> te.Tensor:
+    """M: ``(G, kd, cin1_g, kh, m+2, cout_g, C0)``, each point reduced over (n, do, ho, t)."""
+    geo, g = p.geometry, p.geometry.group
+    (sd, sh, _), (dd, dh, _) = geo.strides, geo.dilations
+    kd, kh, _ = geo.kernel
+    points, tiles = int(u.shape[4]), int(u.shape[5])
+    rn = te.reduce_axis((0, geo.batch), name="n")
+    rd = te.reduce_axis((0, geo.out_spatial[0]), name="do")
+    rh = te.reduce_axis((0, geo.out_spatial[1]), name="ho")
+    rt = te.reduce_axis((0, tiles), name="t")
+    shape = (g.real_g, kd, g.cin1_g, kh, points, g.cout_g, geo.c0)
+
+    def body(grp, i_kd, ci1, i_kh, e, co, ci0):
+        a = u[grp, rn, rd, rh, e, rt, co]
+        b = v[rn, rd * sd + i_kd * dd, grp * g.cin1_g + ci1, rh * sh + i_kh * dh, e, rt, ci0]
+        return te.sum(a * b, axis=[rn, rd, rh, rt])
+
+    return te.compute(shape, body, name=stages.DW_MAD, tag=_tag("mad"))
+
+
+def _winograd_taps(mad: te.Tensor, wino: Winograd):
+    """``read(grp, kd, ci1, kh, kw, co, ci0)``: tap ``kw`` = sum_e G[e][kw] * M_e."""
+    def read(grp, i_kd, ci1, i_kh, i_kw, co, ci0):
+        points = [mad[grp, i_kd, ci1, i_kh, e, co, ci0] for e in range(wino.points)]
+        return pick(i_kw, [combine([row[k] for row in wino.g], points) for k in range(3)])
+
+    return read
+
+
+def _result(acc, p: BackpropFilterParams, attrs: dict | None) -> te.Tensor:
+    """``acc(grp, kd, ci1, kh, kw, co, ci0)``: the float32 gradient of one cell."""
     geo, g = p.geometry, p.geometry.group
     _, kh, kw = geo.kernel
     c0, cin_pg, cout_pg = geo.c0, g.cin_per_group, g.cout_per_group
@@ -107,14 +183,15 @@ def _result(acc: te.Tensor, p: BackpropFilterParams, attrs: dict | None) -> te.T
         sub = co // cout_pg
         valid = tirx.all(sub == ci // cin_pg, sub < g.mag_factor,
                          grp * g.mag_factor + sub < g.groups)
-        value = acc[grp, i_kd, ci1, i_kh, i_kw, co, ci0].astype(p.res_dtype)
+        value = acc(grp, i_kd, ci1, i_kh, i_kw, co, ci0).astype(p.res_dtype)
         return tirx.if_then_else(valid, value, zero)
 
     return te.compute(p.out_shape, body, name=stages.DW_RES, tag=_tag("res"), attrs=attrs)
 
 
 def conv3d_backprop_filter(x: te.Tensor, dy: te.Tensor, p: BackpropFilterParams,
-                           attrs: dict | None = None) -> te.Tensor:
+                           attrs: dict | None = None, winograd: bool | int = False
+                           ) -> te.Tensor:
     """dW in FRACTAL_Z_3D with groups, shape ``p.out_shape`` and dtype ``p.res_dtype``.
 
     Parameters
@@ -127,6 +204,17 @@ def conv3d_backprop_filter(x: te.Tensor, dy: te.Tensor, p: BackpropFilterParams,
         Validated parameters (``tbe_like.params.backprop_filter_params``).
     attrs : dict, optional
         Attributes attached to the result stage (the DSL records its arguments there).
+    winograd : bool or int
+        Compute W with Winograd F(m,3) where it applies (stride 1 and 3 taps along W): True
+        picks m as ``compute.winograd.choose`` does, 2 or 4 fixes it. Its stages are float32.
     """
-    col = _fmap_col(_fmap_pad(x, p), p)
-    return _result(_mad(col, _dy_matrix(dy, p), p), p, attrs)
+    wino = _winograd(p, winograd)
+    if wino is None:
+        col = _fmap_col(_fmap_pad(x, p), p)
+        mad = _mad(col, _dy_matrix(dy, p), p)
+        return _result(lambda *i: mad[i], p, attrs)
+    s = p.geometry.dilations[2]
+    tiles = winograd_tiles(p.geometry.out_spatial[2], wino.m, s)
+    v = _winograd_x(_fmap_pad(x, p, out_w=tiles * wino.m), wino, s, tiles)
+    u = _winograd_dy(_dy_matrix(dy, p), wino, s, tiles)
+    return _result(_winograd_taps(_mad_winograd(v, u, p), wino), p, attrs)

@@ -118,8 +118,9 @@ def graph_of(kind: str, conv: kernels.Conv3d, prec: kernels.Precision,
     if kind == "forward":
         return kernels.forward(conv, prec, winograd=winograd)
     if transposed:  # x = grad_output, dy = input
-        return kernels.grad_weight(conv, prec, names=("grad_output", "input", "grad_weight"))
-    return kernels.grad_weight(conv, prec)
+        return kernels.grad_weight(conv, prec, names=("grad_output", "input", "grad_weight"),
+                                   winograd=winograd)
+    return kernels.grad_weight(conv, prec, winograd=winograd)
 
 
 def _cached(cache: KernelCache, kind: str, conv: kernels.Conv3d, prec: kernels.Precision,

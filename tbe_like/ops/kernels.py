@@ -200,13 +200,15 @@ def forward(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "grad
 
 
 def grad_weight(conv: Conv3d, prec: Precision, names=("input", "grad_output", "grad_weight"),
-                channels_last: bool = False, out_layout=None, x_spatial=None) -> Graph:
+                channels_last: bool = False, out_layout=None, x_spatial=None,
+                winograd: bool | int = False) -> Graph:
     """dW of ``conv``: ``(x (N, cin, ...), dy (N, cout, ...)) -> (cout, cin/g, k...)``.
 
     ``channels_last`` takes x and dy as ``(N, D, H, W, C)``; ``out_layout`` is
     ``(shape, index, name)`` for another result layout (see ``unpack_filter_gradient``);
     ``x_spatial`` is the spatial shape of the x array when the convolution reads only its
-    leading ``conv.in_spatial`` rows.
+    leading ``conv.in_spatial`` rows. ``winograd``: Winograd F(m,3) along W where it applies
+    (``compute.conv3d_backprop_filter``).
     """
     def nd(shape):
         return (shape[0], *shape[2:], shape[1]) if channels_last else shape
@@ -222,7 +224,7 @@ def grad_weight(conv: Conv3d, prec: Precision, names=("input", "grad_output", "g
         _geometry(conv, group, conv.batch, conv.in_spatial, conv.out_spatial),
         tuple(int(s) for s in x6.shape), tuple(int(s) for s in dy6.shape), cd, ACC_DTYPE,
         names[2], {})
-    res = compute.conv3d_backprop_filter(x6, dy6, p)
+    res = compute.conv3d_backprop_filter(x6, dy6, p, winograd=winograd)
     if out_layout is None:
         shape, index, layout = conv.w_shape, (lambda *i: i), "NCDHW"
     else:
