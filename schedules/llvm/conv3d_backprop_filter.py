@@ -27,7 +27,15 @@ from tbe_like import stages
 from tbe_like.params import FILTER_OP, BackpropFilterParams
 from tbe_like.target import vector_lanes
 
-from ..common import SAMPLE, block_names, divisors, fuse_parallel_vectorize, num_threads
+from ..common import (
+    SAMPLE,
+    block_names,
+    divisors,
+    flatten_init,
+    fuse_parallel_vectorize,
+    num_threads,
+    schedule_winograd_transform,
+)
 from ..registry import register
 
 # Vector registers an x86 core can give to accumulators, leaving room for loads and broadcasts:
@@ -35,7 +43,6 @@ from ..registry import register
 # tile (2 co x 3 kw x 2 vectors) spilled inside the wo loop and ran at 129 GFLOP/s on the
 # ResNet3D layer here (AVX2, 2 cores); 8 (4 co x 2 vectors) ran at 187.
 ACC_REGS = {16: 24, 8: 8, 4: 8}
-C0 = 16  # channels per block of the 6HD layouts
 # Parallel chunks per thread: 2 iterations on 2 threads ran at one thread's speed here.
 CHUNKS_PER_THREAD = 2
 
@@ -75,7 +82,7 @@ def schedule(sch, p: BackpropFilterParams, target, knobs: Knobs | str | None = N
     sch.compute_inline(sch.get_sblock(stages.DW_DY_MATRIX))
     winograd = stages.DW_WINO_X in block_names(sch)
     if winograd:
-        _schedule_winograd(sch)
+        _schedule_winograd(sch, p.geometry.c0)
     else:
         sch.compute_inline(sch.get_sblock(stages.DW_FMAP_COL))
         fuse_parallel_vectorize(sch, stages.DW_FMAP_PAD, n_parallel=2)
@@ -102,12 +109,7 @@ def schedule(sch, p: BackpropFilterParams, target, knobs: Knobs | str | None = N
     sch.vectorize(ci0)
     sch.unroll(co_i)
     sch.unroll(kw_i)
-    init = sch.decompose_reduction(mad, n)
-    # The zeroing as one flat vectorized loop (as a nest of small constant loops LLVM may
-    # unroll it completely: seconds of code generation).
-    c0 = int(sch.get(ci0).extent)
-    _, lanes = sch.split(sch.fuse(*sch.get_loops(init)[1:]), [None, c0])
-    sch.vectorize(lanes)
+    flatten_init(sch, sch.decompose_reduction(mad, n), int(sch.get(ci0).extent))
     fuse_parallel_vectorize(sch, stages.DW_RES, n_parallel=2)
     return sch
 
@@ -121,21 +123,11 @@ def _rows(sch, ho, wo, winograd: bool) -> int:
     return max(d for d in divisors(height) if d == 1 or d * width <= ROW_STEPS)
 
 
-def _schedule_winograd(sch) -> None:
+def _schedule_winograd(sch, c0: int) -> None:
     """The transforms of x (the padding inlined: its only reader) and of dy: parallel over
     their two outer axes, the points of a tile unrolled (their reads shared), the channels
     vectorized. The reduction then has the direct form's loops, a point in place of kw and a
     tile in place of wo."""
     sch.compute_inline(sch.get_sblock(stages.DW_FMAP_PAD))
     for name in (stages.DW_WINO_X, stages.DW_WINO_DY):
-        block = sch.get_sblock(name)
-        a, b, c, d, e, t, lanes = sch.get_loops(block)
-        # dy's channels (cout_g of them) in blocks of C0: one 128-wide vector per point was
-        # 5900 instructions and 4 s of code generation for ResNet3D.
-        width = int(sch.get(lanes).extent)
-        block_of = C0 if width > C0 and width % C0 == 0 else width
-        outer, lanes = sch.split(lanes, [None, block_of])
-        sch.reorder(a, b, c, d, outer, t, e, lanes)
-        sch.parallel(sch.fuse(a, b))
-        sch.unroll(e)
-        sch.vectorize(lanes)
+        schedule_winograd_transform(sch, name, c0)

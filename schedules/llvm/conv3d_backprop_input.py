@@ -35,7 +35,14 @@ from tbe_like import stages
 from tbe_like.params import INPUT_OP, BackpropInputParams
 from tbe_like.target import vector_lanes
 
-from ..common import SAMPLE, block_names, divisors, fuse_parallel_vectorize
+from ..common import (
+    SAMPLE,
+    block_names,
+    divisors,
+    flatten_init,
+    fuse_parallel_vectorize,
+    schedule_winograd_transform,
+)
 from ..registry import register
 
 # Accumulator registers: 32 zmm with AVX-512 leave 24 for the tile; with 16 ymm/xmm registers a
@@ -148,22 +155,7 @@ def _schedule_mad(sch, name: str, knobs: Knobs | str) -> None:
     sch.unroll(h_i)
     sch.unroll(w_i)
     sch.unroll(co_u)
-    init = sch.decompose_reduction(mad, a)
-    # The zeroing as one flat vectorized loop: as a nest of small constant loops LLVM unrolled
-    # it completely (2352 stores for a 7-tile, 28-row, F(4,3) block: 5 s of code generation).
-    c0 = int(sch.get(ci0).extent)
-    _, lanes = sch.split(sch.fuse(*sch.get_loops(init)[1:]), [None, c0])
-    sch.vectorize(lanes)
-
-
-def _schedule_winograd_dy(sch) -> None:
-    """Parallel over (n, d), the points of a tile unrolled (their dy reads shared)."""
-    block = sch.get_sblock(stages.DX_WINO_DY)
-    n, d, cb, h, e, t, c0 = sch.get_loops(block)
-    sch.reorder(n, d, cb, h, t, e, c0)
-    sch.parallel(sch.fuse(n, d))
-    sch.unroll(e)
-    sch.vectorize(c0)
+    flatten_init(sch, sch.decompose_reduction(mad, a), int(sch.get(ci0).extent))
 
 
 @register(INPUT_OP, "llvm")
@@ -179,7 +171,7 @@ def schedule(sch, p: BackpropInputParams, target, knobs: Knobs | str | None = No
     if stages.DX_WINO_DY in names:
         sch.compute_inline(sch.get_sblock(stages.DX_DY_PAD))  # its only reader: one pass less
         names.remove(stages.DX_DY_PAD)
-        _schedule_winograd_dy(sch)
+        schedule_winograd_transform(sch, stages.DX_WINO_DY, p.geometry.c0)
     for name in (stages.DX_DY_PAD, stages.DX_FILTER_FLIP, stages.DX_WINO_FILTER):
         if name in names:
             fuse_parallel_vectorize(sch, name, n_parallel=2)
