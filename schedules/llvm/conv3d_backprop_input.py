@@ -5,17 +5,23 @@ Each reduction (one in the dense form, one per stride phase in the stride-phase 
 along W, a correlation over (kd, kh) of each of the m+2 transformed points, scheduled the same
 way (a point's loop goes outside the rows, its tiles take the place of columns):
 
-    parallel over (n, d, input-channel block cb)
+    parallel over (n, d, Winograd point)
       for kd, co_o                        the reduction in chunks of co_chunk output channels
-        for h_o, w_o                      the filter chunk (kh*kw*co_chunk*C0) stays in L1
-          register tile: h_tile rows x w_tile columns x C0 input channels (vectorized)
-          for kh, kw, co_i                broadcast h_tile*w_tile dy values, load C0/lanes
+        for cb                            every input-channel block reuses the dy chunk
+          for h_o, w_o                    the filter chunk (kh*kw*co_chunk*C0) stays in L1
+            register tile: h_tile rows x w_tile columns x C0 input channels (vectorized)
+            for kh, kw, co_i              broadcast h_tile*w_tile dy values, load C0/lanes
                                           filter vectors, one FMA per position and vector
 
 The tile is added into the block's buffer once per chunk: chunking the reduction by (kd,
 co_chunk) keeps the filter slice each tile streams in L1 (the whole filter of a channel block,
 kd*kh*kw*Cout*C0 floats, is a few hundred KiB: streaming it from L2 for every tile halved the
-speed on a 56x56 ResNet layer). The padded dy and the flipped filter are materialized once (in
+speed on a 56x56 ResNet layer). The channel blocks go inside the chunk so that a chunk of dy
+(co_chunk channels of a plane of one point) is read from L3 once and reused from L2 by every
+block; with the blocks in the parallel loop each re-read it from L3, and ResNet3D dX ran 14%
+slower in the median of interleaved rounds here (up to 40% when the host's other tenants
+loaded its caches). Where (n, d, point) has too few iterations to keep every core busy, the
+blocks stay in the parallel loop. The padded dy and the flipped filter are materialized once (in
 the dense form the dilation is inlined into the padding; the Winograd transform of dy reads dy
 directly). ``dx_res`` interleaves the phases (and combines the Winograd points), adds the bias
 and casts, vectorized over C0.
@@ -41,6 +47,7 @@ from ..common import (
     divisors,
     flatten_init,
     fuse_parallel_vectorize,
+    num_threads,
     schedule_winograd_transform,
 )
 from ..registry import register
@@ -50,6 +57,8 @@ from ..registry import register
 ACC_REGS = {16: 24, 8: 8, 4: 8}
 # Output channels per reduction chunk at most: 3*3*32*16 fp32 filter values are 18 KiB (L1 32).
 CO_CHUNK = 32
+# Parallel tasks per thread below which the input-channel blocks are parallel tasks as well.
+TASKS_PER_THREAD = 4
 
 
 # The register tiles a search may draw (a tile need not divide W: the last one is predicated).
@@ -125,7 +134,14 @@ def _extents(sch, mad) -> tuple[int, int, int]:
     return spatial[3], spatial[-2], int(iters[len(spatial)].dom.extent)
 
 
-def _schedule_mad(sch, name: str, knobs: Knobs | str) -> None:
+def _extent(sch, loops) -> int:
+    extent = 1
+    for loop in loops:
+        extent *= int(sch.get(loop).extent)
+    return extent
+
+
+def _schedule_mad(sch, name: str, knobs: Knobs | str, threads: int) -> None:
     mad = sch.get_sblock(name)
     n, d, cb, h, e, w, ci0, co, a, b, c = _mad_loops(sch, mad)
     height, width, channels = _extents(sch, mad)
@@ -145,12 +161,16 @@ def _schedule_mad(sch, name: str, knobs: Knobs | str) -> None:
     w_o, w_i = sch.split(w, w_factors)
     co_o, co_i = sch.split(co, co_factors)
     co_i, co_u = sch.split(co_i, [None, unroll])  # unroll 1: a loop of extent 1
-    # A Winograd point has its own filter: the chunk in L1 is that of one point. (Its kd taps
-    # inside the tile, so that a tile is stored once a chunk, ran 10-20% slower: the tile then
-    # reads 3 dy planes.)
-    order = [n, d, cb, a, co_o, e, h_o, w_o, b, c, co_i, co_u, h_i, w_i, ci0]
-    sch.reorder(*(loop for loop in order if loop is not None))
-    sch.parallel(sch.fuse(n, d, cb))
+    # A Winograd point has its own filter and dy: each point is a task of its own. (Its kd
+    # taps inside the tile, so that a tile is stored once a chunk, ran 10-20% slower: the tile
+    # then reads 3 dy planes.)
+    outer = [loop for loop in (n, d, e) if loop is not None]
+    if _extent(sch, outer) < TASKS_PER_THREAD * threads:
+        outer = [n, d, cb] + outer[2:]  # the blocks as parallel tasks too
+    inner = [a, co_o, cb, h_o, w_o, b, c, co_i, co_u, h_i, w_i, ci0]
+    order = outer + [loop for loop in inner if loop is not None and loop not in outer]
+    sch.reorder(*order)
+    sch.parallel(sch.fuse(*outer))
     sch.vectorize(ci0)
     sch.unroll(h_i)
     sch.unroll(w_i)
@@ -178,6 +198,7 @@ def schedule(sch, p: BackpropInputParams, target, knobs: Knobs | str | None = No
     for name in names:
         if name.startswith(stages.DX_MAD):
             height, width, channels = _extents(sch, sch.get_sblock(name))
-            _schedule_mad(sch, name, knobs or default_knobs(p, lanes, width, channels, height))
+            _schedule_mad(sch, name, knobs or default_knobs(p, lanes, width, channels, height),
+                          num_threads(target))
     fuse_parallel_vectorize(sch, stages.DX_RES, n_parallel=2)
     return sch
