@@ -6,8 +6,10 @@ selecting the same gradient, same NCDHW arrays, the same thread count) are timed
 this process, in alternating blocks of calls; the medians are reported as ms and GFLOP/s with
 the ratio torch_time / tbe_like_time (> 1: tbe_like is faster; the median of the per-round
 ratios), plus geometric means and, for the float16 shape, tbe_like's float16 time over its
-float32 time (the two kernels timed side by side the same way). The table is also written as
-JSON (``--json``).
+float32 time (the two kernels timed side by side the same way). ``%peak`` is tbe_like's
+GFLOP/s over the machine's float32 multiply-add peak, measured by a register-only TVM kernel
+(:func:`fma_peak`) timed in the same rounds: the host is shared, and what its cores deliver
+changes from minute to minute. The table is also written as JSON (``--json``).
 
     python -m pip install -e ".[bench]"
     python benchmarks/bench_cpu.py [--quick] [--only NAME ...] [--json bench_cpu.json]
@@ -86,27 +88,72 @@ def _block(fn, calls: int, settle: float = 0.1) -> float:
     return statistics.median(times)
 
 
+def _rounds(fns, rounds: int, budget: float, calls: int = 3) -> list[tuple[float, ...]]:
+    """Per round, the median seconds of a block of calls of each of ``fns`` in turn.
+
+    The host is shared and its speed changed by up to 2x within a minute here, so everything
+    compared is timed in alternating blocks rather than one after the other. A block starts with
+    untimed calls for 0.1 s: after PyTorch returns, its OpenMP threads keep spinning for 20-30 ms
+    here, and a kernel started then took twice its time (sleeping between calls instead made
+    PyTorch's next call 30 ms slower). tbe_like's own workers do not spin (``tbe_like.target``).
+    """
+    out = []
+    start = time.perf_counter()
+    while len(out) < rounds and (len(out) < 2 or time.perf_counter() - start < budget):
+        out.append(tuple(_block(fn, calls) for fn in fns))
+    return out
+
+
 def _side_by_side(ours, theirs, rounds: int, budget: float, calls: int = 3
                   ) -> tuple[float, float, float]:
     """Median seconds of ``ours`` and of ``theirs`` and the median of their per-round ratios
-    (theirs / ours).
-
-    The host is shared and its speed changed by up to 2x within a minute here, so the two are
-    timed in alternating blocks rather than one after the other. A block starts with untimed
-    calls for 0.1 s: after PyTorch returns, its OpenMP threads keep spinning for 20-30 ms here,
-    and a kernel started then took twice its time (sleeping between calls instead made PyTorch's
-    next call 30 ms slower). tbe_like's own workers do not spin (``tbe_like.target``).
-    """
-    pairs = []
-    start = time.perf_counter()
-    while len(pairs) < rounds and (len(pairs) < 2 or time.perf_counter() - start < budget):
-        pairs.append((_block(ours, calls), _block(theirs, calls)))
+    (theirs / ours), timed in alternating blocks (:func:`_rounds`)."""
+    pairs = _rounds((ours, theirs), rounds, budget, calls)
     mine, other = zip(*pairs, strict=True)
     return (statistics.median(mine), statistics.median(other),
             statistics.median(b / a for a, b in pairs))
 
 
-def run(shapes, repeat: int, budget: float, torch_limit: float
+@functools.cache
+def fma_peak(threads: int):
+    """A kernel that measures the machine's float32 multiply-add peak, and its flops per call.
+
+    Every thread keeps a 6 x (2 vectors) register tile of accumulators (the shape of tbe_like's
+    own tiles: a broadcast and a vector load per multiply-add row) and reduces 256 steps of
+    L1-resident operands 2500 times over: no memory traffic, only FMAs. Built with TVM for the
+    same target as the kernels, so it uses the same vector width; here (AVX2, 2 cores) it runs
+    at the clock speed times 32 flops per core and cycle when the host is quiet. It is timed
+    in the same rounds as each shape, since the host's other tenants change what the cores
+    deliver from minute to minute.
+    """
+    from tbe_like._tvm import IRModule, s_tir, te, tvm
+    from tbe_like.target import build_config, host_target, vector_lanes
+
+    target = host_target()
+    tasks, rows, cols = 2 * threads, 6, 2 * vector_lanes(target)
+    depth, repeats = 256, 2500
+    a = te.placeholder((tasks, depth, rows), "float32", name="a")
+    b = te.placeholder((tasks, depth, cols), "float32", name="b")
+    rep, k = te.reduce_axis((0, repeats), "rep"), te.reduce_axis((0, depth), "k")
+    c = te.compute((tasks, rows, cols),
+                   lambda p, i, j: te.sum(a[p, k, i] * b[p, k, j], axis=[rep, k]), name="c")
+    sch = s_tir.Schedule(IRModule({"main": te.create_prim_func([a, b, c])}))
+    block = sch.get_sblock("c")
+    p, i, j, rep, k = sch.get_loops(block)
+    sch.reorder(p, rep, k, i, j)
+    sch.parallel(p)
+    sch.unroll(i)
+    sch.vectorize(j)
+    sch.decompose_reduction(block, rep)
+    with tvm.transform.PassContext(config=build_config(target)):
+        fn = tvm.compile(sch.mod, target=target)["main"]
+    dev = tvm.cpu()
+    args = [tvm.runtime.tensor(np.full(shape, 1e-3, "float32"), dev)
+            for shape in ((tasks, depth, rows), (tasks, depth, cols), (tasks, rows, cols))]
+    return functools.partial(fn, *args), 2.0 * tasks * rows * cols * repeats * depth
+
+
+def run(shapes, repeat: int, budget: float, torch_limit: float, threads: int
         ) -> tuple[list[dict], dict[tuple[str, str], object]]:
     """The table's rows, and tbe_like's runner of each (shape name, gradient)."""
     import tempfile
@@ -120,6 +167,8 @@ def run(shapes, repeat: int, budget: float, torch_limit: float
 
     # A fresh kernel cache, so that "build s" is the real compile time of every kernel.
     cache = KernelCache(tempfile.mkdtemp(prefix="tbe_like_bench_"))
+    peak_run, peak_flops = fma_peak(threads)
+    peak_gflop = peak_flops / 1e9
     rows, runners = [], {}
     for s in shapes:
         rng = np.random.default_rng(0)
@@ -148,25 +197,32 @@ def run(shapes, repeat: int, budget: float, torch_limit: float
             torch_call()
             once = time.perf_counter() - t0
             run_ours = runners[s.name, grad] = kernel.runner(*args)
+            gf = s.flops() / 1e9
             if once > torch_limit:  # too slow to repeat: timed once
-                ours = statistics.median(_block(run_ours, 1) for _ in range(repeat))
-                theirs = once
+                timed = _rounds((run_ours, peak_run), repeat, math.inf, calls=1)
+                ours, theirs = statistics.median(t[0] for t in timed), once
                 ratio = theirs / ours
             else:
-                ours, theirs, ratio = _side_by_side(run_ours, torch_call, repeat, budget)
-            gf = s.flops() / 1e9
+                timed = _rounds((run_ours, torch_call, peak_run), repeat, budget)
+                ours, theirs = (statistics.median(t[i] for t in timed) for i in (0, 1))
+                ratio = statistics.median(t[1] / t[0] for t in timed)
+            # The kernel's GFLOP/s over the FMA peak's in the same round.
+            of_peak = statistics.median(gf * t[-1] / (peak_gflop * t[0]) for t in timed)
+            peak = statistics.median(peak_gflop / t[-1] for t in timed)
             tuned = bool(kernel.metadata["para_dict"].get("tuned"))
             rows.append({"shape": s.name, "gradient": grad, "dtype": s.dtype, "tuned": tuned,
                          "gflop": round(gf, 2), "compile_s": round(compile_s, 2),
                          "tbe_like_ms": round(ours * 1e3, 2), "torch_ms": round(theirs * 1e3, 2),
                          "tbe_like_gflops": round(gf / ours, 1),
                          "torch_gflops": round(gf / theirs, 1),
-                         "ratio": round(ratio, 2), "config": asdict(s),
+                         "ratio": round(ratio, 2), "peak_gflops": round(peak, 1),
+                         "of_peak": round(of_peak, 3), "config": asdict(s),
                          "target": str(host_target())})
             r = rows[-1]
             print(f"{s.name:18} {grad:6} {s.dtype:8} {r['tbe_like_ms']:10.2f} "
                   f"{r['tbe_like_gflops']:8.1f} {r['torch_ms']:10.2f} {r['torch_gflops']:8.1f} "
-                  f"{r['ratio']:6.2f} {r['compile_s']:7.2f} {'yes' if tuned else 'no':>5}",
+                  f"{r['ratio']:6.2f} {100 * of_peak:5.0f}% {r['compile_s']:7.2f} "
+                  f"{'yes' if tuned else 'no':>5}",
                   flush=True)
     return rows, runners
 
@@ -224,8 +280,12 @@ def main(argv=None) -> int:
           f"{torch.get_num_threads()} | torch {torch.__version__} | {platform.processor() or ''}"
           f" {platform.machine()}")
     print(f"{'shape':18} {'grad':6} {'dtype':8} {'tbe ms':>10} {'tbe GF/s':>8} {'torch ms':>10} "
-          f"{'torch GF/s':>8} {'ratio':>6} {'build s':>7} {'tuned':>5}")
-    rows, runners = run(shapes, args.repeat, args.budget, args.torch_limit)
+          f"{'torch GF/s':>8} {'ratio':>6} {'%peak':>6} {'build s':>7} {'tuned':>5}")
+    rows, runners = run(shapes, args.repeat, args.budget, args.torch_limit, threads)
+    peaks = [r["peak_gflops"] for r in rows]
+    print(f"%peak: tbe_like's GFLOP/s over the float32 FMA peak timed in the same rounds "
+          f"(fma_peak; median {statistics.median(peaks):.0f} GFLOP/s, {min(peaks):.0f} to "
+          f"{max(peaks):.0f} over the rows). Winograd kernels count the direct form's flops.")
     summary = {}
     for grad in ("weight", "input"):
         # Over the issue's suite; the float16 row is there for the float16/float32 check.

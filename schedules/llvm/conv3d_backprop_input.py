@@ -166,7 +166,7 @@ def _schedule_mad(sch, name: str, knobs: Knobs | str, threads: int) -> None:
     # then reads 3 dy planes.)
     outer = [loop for loop in (n, d, e) if loop is not None]
     if _extent(sch, outer) < TASKS_PER_THREAD * threads:
-        outer = [n, d, cb] + outer[2:]  # the blocks as parallel tasks too
+        outer = [n, d, cb, *outer[2:]]  # the blocks as parallel tasks too
     inner = [a, co_o, cb, h_o, w_o, b, c, co_i, co_u, h_i, w_i, ci0]
     order = outer + [loop for loop in inner if loop is not None and loop not in outer]
     sch.reorder(*order)
