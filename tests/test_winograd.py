@@ -154,3 +154,36 @@ def _stage_tensors(tensor):
             seen[t.op.name] = t
             todo += list(t.op.input_tensors)
     return list(seen.values())
+
+
+def _dx_mad_parallel_loop(conv):
+    """(extent of the parallel loop, extents of the loops inside it) of the largest input-gradient
+    reduction of a Winograd CPU kernel (the D planes away from the borders)."""
+    graph = kernels.grad_input(conv, kernels.Precision("float32", "float32"), winograd=4)
+    sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})), graph,
+                           host_target())
+    found = []
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        name = sch.get(block).name_hint
+        if name.startswith(stages.DX_MAD) and not name.endswith("_init"):
+            outer, *inner = (sch.get(loop) for loop in sch.get_loops(block))
+            assert outer.kind == tvm.tirx.ForKind.PARALLEL
+            found.append((int(outer.extent), [int(loop.extent) for loop in inner]))
+    return max(found)
+
+
+def test_input_gradient_channel_blocks_share_a_dy_chunk():
+    """Enough (n, d, point) tasks: those are the parallel loop, and the 4 input-channel blocks
+    run inside a reduction chunk (each reusing that chunk of transformed dy from cache)."""
+    extent, inner = _dx_mad_parallel_loop(_conv(2, 64, (8, 6, 8), 32, (3, 3, 3)))
+    assert extent == 2 * 6 * 6  # n * the 6 planes off the D borders * the 6 points of F(4,3)
+    assert inner[:3] == [3, 1, 4]  # kd, the one chunk of 32 output channels, 4 blocks
+
+
+def test_input_gradient_few_tasks_parallel_over_channel_blocks_too():
+    """One sample, one plane: 6 point tasks are too few for the cores' chunks, so the channel
+    blocks are parallel tasks too."""
+    plane = kernels.Conv3d(1, 64, 32, (1, 6, 8), (1, 6, 8), (1, 3, 3), (1, 1, 1),
+                           (0, 0, 1, 1, 1, 1), (1, 1, 1), 1)
+    extent, _ = _dx_mad_parallel_loop(plane)
+    assert extent == 1 * 1 * 4 * 6
