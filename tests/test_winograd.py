@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tbe_like import stages
-from tbe_like._tvm import IRModule, s_tir, tvm
+from tbe_like._tvm import IRModule, Target, s_tir, tvm
 from tbe_like.compute.conv3d_backprop_input import result_periods
 from tbe_like.compute.winograd import F23, F43
 from tbe_like.ops import kernels
@@ -158,10 +158,11 @@ def _stage_tensors(tensor):
 
 def _dx_mad_parallel_loop(conv):
     """(extent of the parallel loop, extents of the loops inside it) of the largest input-gradient
-    reduction of a Winograd CPU kernel (the D planes away from the borders)."""
+    reduction of a Winograd CPU kernel for 2 cores (the D planes away from the borders)."""
     graph = kernels.grad_input(conv, kernels.Precision("float32", "float32"), winograd=4)
+    target = Target({**host_target().export(), "num-cores": 2})
     sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})), graph,
-                           host_target())
+                           target)
     found = []
     for block in sch.get_child_blocks(sch.get_sblock("root")):
         name = sch.get(block).name_hint
@@ -181,8 +182,8 @@ def test_input_gradient_channel_blocks_share_a_dy_chunk():
 
 
 def test_input_gradient_few_tasks_parallel_over_channel_blocks_too():
-    """One sample, one plane: 6 point tasks are too few for the cores' chunks, so the channel
-    blocks are parallel tasks too."""
+    """One sample, one plane: 6 point tasks are too few for 2 cores (4 tasks each at least), so
+    the channel blocks are parallel tasks too."""
     plane = kernels.Conv3d(1, 64, 32, (1, 6, 8), (1, 6, 8), (1, 3, 3), (1, 1, 1),
                            (0, 0, 1, 1, 1, 1), (1, 1, 1), 1)
     extent, _ = _dx_mad_parallel_loop(plane)

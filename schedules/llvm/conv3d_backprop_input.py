@@ -18,13 +18,13 @@ co_chunk) keeps the filter slice each tile streams in L1 (the whole filter of a 
 kd*kh*kw*Cout*C0 floats, is a few hundred KiB: streaming it from L2 for every tile halved the
 speed on a 56x56 ResNet layer). The channel blocks go inside the chunk so that a chunk of dy
 (co_chunk channels of a plane of one point) is read from L3 once and reused from L2 by every
-block; with the blocks in the parallel loop each re-read it from L3, and ResNet3D dX ran 14%
-slower in the median of interleaved rounds here (up to 40% when the host's other tenants
-loaded its caches). Where (n, d, point) has too few iterations to keep every core busy, the
-blocks stay in the parallel loop. The padded dy and the flipped filter are materialized once (in
-the dense form the dilation is inlined into the padding; the Winograd transform of dy reads dy
-directly). ``dx_res`` interleaves the phases (and combines the Winograd points), adds the bias
-and casts, vectorized over C0.
+block; with the blocks in the parallel loop each re-read it from L3, and ResNet3D dX took
+1.16-1.25x the time in the median of interleaved rounds here (1.7x at a moment when the host's
+other tenants loaded its caches). Where (n, d, point) has too few iterations to keep every
+core busy, the blocks stay in the parallel loop. The padded dy and the flipped filter are
+materialized once (in the dense form the dilation is inlined into the padding; the Winograd
+transform of dy reads dy directly). ``dx_res`` interleaves the phases (and combines the
+Winograd points), adds the bias and casts, vectorized over C0.
 
 Winograd (the CPU kernels of ``tbe_like.ops``): F(4,3) does 6 multiply-adds per 4 columns
 instead of 12, against a transformed dy and a result 1.5 times as large. Measured here,
@@ -35,6 +35,7 @@ large-64^3 94.1 -> 84.2, ResNet3D 295 -> 210 ms.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tbe_like import stages
@@ -134,13 +135,6 @@ def _extents(sch, mad) -> tuple[int, int, int]:
     return spatial[3], spatial[-2], int(iters[len(spatial)].dom.extent)
 
 
-def _extent(sch, loops) -> int:
-    extent = 1
-    for loop in loops:
-        extent *= int(sch.get(loop).extent)
-    return extent
-
-
 def _schedule_mad(sch, name: str, knobs: Knobs | str, threads: int) -> None:
     mad = sch.get_sblock(name)
     n, d, cb, h, e, w, ci0, co, a, b, c = _mad_loops(sch, mad)
@@ -165,7 +159,7 @@ def _schedule_mad(sch, name: str, knobs: Knobs | str, threads: int) -> None:
     # taps inside the tile, so that a tile is stored once a chunk, ran 10-20% slower: the tile
     # then reads 3 dy planes.)
     outer = [loop for loop in (n, d, e) if loop is not None]
-    if _extent(sch, outer) < TASKS_PER_THREAD * threads:
+    if math.prod(int(sch.get(loop).extent) for loop in outer) < TASKS_PER_THREAD * threads:
         outer = [n, d, cb, *outer[2:]]  # the blocks as parallel tasks too
     inner = [a, co_o, cb, h_o, w_o, b, c, co_i, co_u, h_i, w_i, ci0]
     order = outer + [loop for loop in inner if loop is not None and loop not in outer]
