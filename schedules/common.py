@@ -48,13 +48,16 @@ def flatten_init(sch, init, lanes: int) -> None:
     sch.vectorize(inner)
 
 
-def schedule_winograd_transform(sch, name: str, block: int) -> None:
-    """A Winograd transform stage with loops (a, b, c, d, point, tile, channels): parallel over
-    (a, b), the points of a tile unrolled (they share its reads), the channels vectorized in
-    blocks of at most ``block`` (dy's 128 channels as one vector per point were 5900
-    instructions and 4 s of code generation for a ResNet3D weight gradient)."""
+def schedule_winograd_transform(sch, name: str, block: int, point: int = 4) -> None:
+    """A Winograd transform stage with loops (a, b, c, d, tile, channels) and the point loop at
+    index ``point``: parallel over (a, b), the points of a tile unrolled (they share its
+    reads), the channels vectorized in blocks of at most ``block`` (dy's 128 channels as one
+    vector per point were 5900 instructions and 4 s of code generation for a ResNet3D weight
+    gradient)."""
     stage = sch.get_sblock(name)
-    a, b, c, d, e, t, lanes = sch.get_loops(stage)
+    loops = list(sch.get_loops(stage))
+    e = loops.pop(point)
+    a, b, c, d, t, lanes = loops
     width = int(sch.get(lanes).extent)
     outer, lanes = sch.split(lanes, [None, block if width % block == 0 else width])
     sch.reorder(a, b, c, d, outer, t, e, lanes)

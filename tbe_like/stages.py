@@ -24,7 +24,7 @@ DX_FILTER_FLIP = "dx_filter_flip"  # the filter flipped in D/H/W with its channe
 DX_MAD = "dx_mad"  # the float32 reduction over (co, kd, kh, kw)
 DX_RES = "dx_res"  # the result (N, D, Cin1, H*W, C0), bias added, padded channels zeroed
 # Winograd F(m,3) along W (CPU kernels): the padded dy and the flipped filter transformed
-DX_WINO_DY = "dx_wino_dy"  # (N, D, Cout1, H, m+2, tiles, C0) float32, one per W phase
+DX_WINO_DY = "dx_wino_dy"  # (N, D, m+2, Cout1, H, tiles, C0) float32, one per W phase
 DX_WINO_FILTER = "dx_wino_filter"  # (G, kd, kh, m+2, cout_g, cin_g) float32, one per W phase
 
 TAG_PREFIX = "tbe_like."

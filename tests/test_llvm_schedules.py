@@ -98,3 +98,17 @@ def test_weight_gradient_many_channels_split_the_channels():
     blocks = _blocks(sch)
     assert stages.DW_MAD + "_rf_update" not in blocks
     assert blocks[stages.DW_MAD + "_update"][0] == (tvm.tirx.ForKind.PARALLEL, 4)
+
+
+def test_winograd_transform_packs_its_own_plane():
+    """The input gradient's dy transform packs the NCDHW plane of its (n, d) task itself (no
+    pass over the whole dy), and writes each point's planes contiguously: (N, D, point, ...)."""
+    conv = _conv(2, 32, (3, 6, 8), 32, (3, 3, 3))
+    graph = kernels.grad_input(conv, F32, winograd=4)
+    sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})), graph,
+                           TWO_CORES)
+    blocks = _blocks(sch)
+    pack, wino = blocks["layout_in_grad_output"], blocks[stages.DX_WINO_DY]
+    assert pack[0] == wino[0] == (tvm.tirx.ForKind.PARALLEL, 2 * 3)
+    (written,) = sch.get(sch.get_sblock(stages.DX_WINO_DY)).writes
+    assert [int(v) for v in written.source.shape] == [2, 3, 6, 2, 8, 2, 16]  # H padded 6 -> 8

@@ -185,7 +185,7 @@ def schedule(sch, p: BackpropInputParams, target, knobs: Knobs | str | None = No
     if stages.DX_WINO_DY in names:
         sch.compute_inline(sch.get_sblock(stages.DX_DY_PAD))  # its only reader: one pass less
         names.remove(stages.DX_DY_PAD)
-        schedule_winograd_transform(sch, stages.DX_WINO_DY, p.geometry.c0)
+        schedule_winograd_transform(sch, stages.DX_WINO_DY, p.geometry.c0, point=2)
     for name in (stages.DX_DY_PAD, stages.DX_FILTER_FLIP, stages.DX_WINO_FILTER):
         if name in names:
             fuse_parallel_vectorize(sch, name, n_parallel=2)
