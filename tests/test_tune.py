@@ -107,8 +107,8 @@ def test_tune_command_writes_records_that_builds_apply(tmp_path):
     # Select again with no margin required, so that a record exists to apply.
     conv = kernels.Conv3d(1, 16, 16, (3, 8, 8), (3, 8, 8), (3, 3, 3), (1, 1, 1), (1,) * 6,
                           (1, 1, 1), 1)
-    graph = graph_of("grad_weight", conv, kernels.Precision("float32", "float32"))
-    target = host_target()
+    target = host_target()  # the tuned kernel's (Winograd) form, as the tune command builds it
+    graph = graph_of("grad_weight", conv, kernels.Precision("float32", "float32"), target=target)
     select(kernels.prim_func(graph), lambda sch: kernels.schedule(sch, graph, target), target,
            records / "search", tmp_path / "picked", margin=-1.0)
     records = tmp_path / "picked"
