@@ -14,6 +14,11 @@ Per output position the tile loads ``kw_tile`` C0-vectors of the padded feature 
 registers across the ``wo`` loop. The padded feature map is materialized once (no bounds checks in
 the inner loop); the column and dy matrices are inlined (pure re-indexing).
 
+When the output channels are few (chunks of them would each read the whole feature map for a
+few channels) and a merged group's result is small, the parallel loop is over chunks of
+(n, do) instead (split K, ``rfactor``): every task computes the whole result of its chunk into
+a partial, pads only the planes of its (n, do) step, and one pass adds the partials.
+
 With Winograd F(m,3) along W (the CPU kernels of ``tbe_like.ops``) the transformed x and dy
 are materialized instead, and the same loops run over the m+2 points (in place of kw) and the
 tiles (in place of wo): m+2 multiply-adds per m columns and tap row instead of 3m.
