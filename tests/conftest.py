@@ -36,6 +36,16 @@ BAD_NAMES = {
 NAME_RULE = "must be an identifier"
 
 
+def conv3d(n, cin, spatial, cout, kernel, stride=1, pad=1, dil=1, groups=1):
+    """A ``kernels.Conv3d`` with the same stride, pad and dilation on every axis."""
+    from tbe_like.ops import kernels
+
+    out = tuple((i + 2 * pad - dil * (k - 1) - 1) // stride + 1
+                for i, k in zip(spatial, kernel, strict=True))
+    return kernels.Conv3d(n, cin, cout, tuple(spatial), out, tuple(kernel), (stride,) * 3,
+                          (pad,) * 6, (dil,) * 3, groups)
+
+
 def msg(op: str, *parts: str) -> str:
     """A ``match`` regex: the message starts with ``op: `` and holds every part, in order."""
     return "^" + re.escape(f"{op}: ") + "".join(".*" + re.escape(p) for p in parts)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import conv3d
 from tbe_like.schedules.llvm import conv3d_backprop_filter as dw_rule
 
 from tbe_like import stages
@@ -17,18 +18,15 @@ F32 = kernels.Precision("float32", "float32")
 TWO_CORES = Target({**host_target().export(), "num-cores": 2})
 
 
-def _conv(n, cin, spatial, cout, kernel, stride=1, pad=1, dil=1, groups=1):
-    out = tuple((i + 2 * pad - dil * (k - 1) - 1) // stride + 1
-                for i, k in zip(spatial, kernel, strict=True))
-    return kernels.Conv3d(n, cin, cout, tuple(spatial), out, tuple(kernel), (stride,) * 3,
-                          (pad,) * 6, (dil,) * 3, groups)
+def _scheduled(graph, knobs=None):
+    """The CPU rule's schedule of ``graph`` for 2 cores."""
+    return kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})), graph,
+                            TWO_CORES, knobs)
 
 
-def _weight_sch(conv, winograd, knobs=None, target=TWO_CORES):
+def _weight_sch(conv, winograd, knobs=None):
     graph = kernels.grad_weight(conv, F32, winograd=winograd)
-    sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})), graph,
-                           target, knobs)
-    return graph, sch
+    return graph, _scheduled(graph, knobs)
 
 
 def _blocks(sch):
@@ -49,11 +47,11 @@ def _weight_gradient(conv, x, dy):
     return dw
 
 
-SEED_LIKE = _conv(4, 16, (4, 9, 9), 16, (2, 3, 3), stride=2, pad=0)  # 16 channels, stride 2
+SEED_LIKE = conv3d(4, 16, (4, 9, 9), 16, (2, 3, 3), stride=2, pad=0)  # 16 channels, stride 2
 SPLIT_K = {
     "direct-stride2": (SEED_LIKE, False),
-    "winograd": (_conv(2, 16, (3, 6, 8), 32, (3, 3, 3)), 4),
-    "groups2": (_conv(3, 32, (2, 5, 5), 32, (3, 3, 3), groups=2), False),
+    "winograd": (conv3d(2, 16, (3, 6, 8), 32, (3, 3, 3)), 4),
+    "groups2": (conv3d(3, 32, (2, 5, 5), 32, (3, 3, 3), groups=2), False),
 }
 
 
@@ -93,7 +91,7 @@ def test_weight_gradient_few_channels_split_the_reduction():
 def test_weight_gradient_many_channels_split_the_channels():
     """128 output channels: 4 chunks of 32 channels, the result (1.7 MB) too large to compute
     whole per task; no split of the reduction."""
-    conv = _conv(1, 64, (2, 8, 8), 128, (3, 3, 3))
+    conv = conv3d(1, 64, (2, 8, 8), 128, (3, 3, 3))
     _, sch = _weight_sch(conv, 4)
     blocks = _blocks(sch)
     assert stages.DW_MAD + "_rf_update" not in blocks
@@ -103,12 +101,43 @@ def test_weight_gradient_many_channels_split_the_channels():
 def test_winograd_transform_packs_its_own_plane():
     """The input gradient's dy transform packs the NCDHW plane of its (n, d) task itself (no
     pass over the whole dy), and writes each point's planes contiguously: (N, D, point, ...)."""
-    conv = _conv(2, 32, (3, 6, 8), 32, (3, 3, 3))
+    conv = conv3d(2, 32, (3, 6, 8), 32, (3, 3, 3))
     graph = kernels.grad_input(conv, F32, winograd=4)
-    sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})), graph,
-                           TWO_CORES)
+    sch = _scheduled(graph)
     blocks = _blocks(sch)
     pack, wino = blocks["layout_in_grad_output"], blocks[stages.DX_WINO_DY]
     assert pack[0] == wino[0] == (tvm.tirx.ForKind.PARALLEL, 2 * 3)
     (written,) = sch.get(sch.get_sblock(stages.DX_WINO_DY)).writes
     assert [int(v) for v in written.source.shape] == [2, 3, 6, 2, 8, 2, 16]  # H padded 6 -> 8
+
+
+def _dx_mad_parallel_loop(conv):
+    """(extent of the parallel loop, extents of the loops inside it) of the largest input-gradient
+    reduction of a Winograd CPU kernel for 2 cores (the D planes away from the borders)."""
+    graph = kernels.grad_input(conv, F32, winograd=4)
+    sch = _scheduled(graph)
+    found = []
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        name = sch.get(block).name_hint
+        if name.startswith(stages.DX_MAD) and not name.endswith("_init"):
+            outer, *inner = (sch.get(loop) for loop in sch.get_loops(block))
+            assert outer.kind == tvm.tirx.ForKind.PARALLEL
+            found.append((int(outer.extent), [int(loop.extent) for loop in inner]))
+    return max(found)
+
+
+def test_input_gradient_channel_blocks_share_a_dy_chunk():
+    """Enough (n, d, point) tasks: those are the parallel loop, and the 4 input-channel blocks
+    run inside a reduction chunk (each reusing that chunk of transformed dy from cache)."""
+    extent, inner = _dx_mad_parallel_loop(conv3d(2, 64, (8, 6, 8), 32, (3, 3, 3)))
+    assert extent == 2 * 6 * 6  # n * the 6 planes off the D borders * the 6 points of F(4,3)
+    assert inner[:3] == [3, 1, 4]  # kd, the one chunk of 32 output channels, 4 blocks
+
+
+def test_input_gradient_few_tasks_parallel_over_channel_blocks_too():
+    """One sample, one plane: 6 point tasks are too few for 2 cores (4 tasks each at least), so
+    the channel blocks are parallel tasks too."""
+    plane = kernels.Conv3d(1, 64, 32, (1, 6, 8), (1, 6, 8), (1, 3, 3), (1, 1, 1),
+                           (0, 0, 1, 1, 1, 1), (1, 1, 1), 1)
+    extent, _ = _dx_mad_parallel_loop(plane)
+    assert extent == 1 * 1 * 4 * 6

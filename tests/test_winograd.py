@@ -11,30 +11,23 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import conv3d
 
 from tbe_like import stages
-from tbe_like._tvm import IRModule, Target, s_tir, tvm
+from tbe_like._tvm import IRModule, s_tir, tvm
 from tbe_like.compute.conv3d_backprop_input import result_periods
 from tbe_like.compute.winograd import F23, F43
 from tbe_like.ops import kernels
 from tbe_like.target import host_target
 from tbe_like.testing import reference as ref
 
-
-def _conv(n, cin, spatial, cout, kernel, stride=1, pad=1, dil=1, groups=1):
-    out = tuple((i + 2 * pad - dil * (k - 1) - 1) // stride + 1
-                for i, k in zip(spatial, kernel, strict=True))
-    return kernels.Conv3d(n, cin, cout, tuple(spatial), out, tuple(kernel), (stride,) * 3,
-                          (pad,) * 6, (dil,) * 3, groups)
-
-
 CASES = {
-    "even-w": _conv(1, 16, (3, 5, 8), 16, (3, 3, 3)),
-    "odd-w": _conv(2, 16, (4, 4, 7), 32, (3, 3, 3)),
-    "dilated2": _conv(1, 16, (5, 6, 9), 16, (3, 3, 3), pad=2, dil=2),
-    "dilated3-pad0": _conv(1, 16, (7, 7, 11), 16, (3, 3, 3), pad=0, dil=3),
-    "groups2-cin20": _conv(1, 20, (3, 5, 6), 24, (3, 3, 3), groups=2),
-    "kernel-153": _conv(1, 16, (2, 7, 5), 16, (1, 5, 3), pad=1),
+    "even-w": conv3d(1, 16, (3, 5, 8), 16, (3, 3, 3)),
+    "odd-w": conv3d(2, 16, (4, 4, 7), 32, (3, 3, 3)),
+    "dilated2": conv3d(1, 16, (5, 6, 9), 16, (3, 3, 3), pad=2, dil=2),
+    "dilated3-pad0": conv3d(1, 16, (7, 7, 11), 16, (3, 3, 3), pad=0, dil=3),
+    "groups2-cin20": conv3d(1, 20, (3, 5, 6), 24, (3, 3, 3), groups=2),
+    "kernel-153": conv3d(1, 16, (2, 7, 5), 16, (1, 5, 3), pad=1),
 }
 
 
@@ -112,14 +105,14 @@ def test_winograd_applies_to_stride_one_three_taps_only():
     # even-w: 8 columns, 2 F(4,3) tiles (12 multiply-adds a row, F(2,3): 16); dilated2: 9
     # columns 2 apart, F(4,3) and F(2,3) both 24 (4 tiles of 6 points, 6 of 4): the smaller.
     for conv, periods in [(CASES["even-w"], (1, 1, 4)), (CASES["dilated2"], (1, 1, 4)),
-                          (_conv(1, 16, (4, 8, 8), 16, (3, 3, 3), stride=2), (2, 2, 2)),
-                          (_conv(1, 16, (4, 8, 8), 16, (3, 3, 5), pad=2), (1, 1, 1))]:
+                          (conv3d(1, 16, (4, 8, 8), 16, (3, 3, 3), stride=2), (2, 2, 2)),
+                          (conv3d(1, 16, (4, 8, 8), 16, (3, 3, 5), pad=2), (1, 1, 1))]:
         graph = kernels.grad_input(conv, prec, winograd=True)
         assert graph.row_periods == periods
         assert result_periods(graph.params, winograd=False) == conv.strides
     for conv, applies in [(CASES["even-w"], True), (CASES["dilated3-pad0"], True),
-                          (_conv(1, 16, (4, 8, 8), 16, (3, 3, 3), stride=2), False),
-                          (_conv(1, 16, (4, 8, 8), 16, (3, 3, 5), pad=2), False)]:
+                          (conv3d(1, 16, (4, 8, 8), 16, (3, 3, 3), stride=2), False),
+                          (conv3d(1, 16, (4, 8, 8), 16, (3, 3, 5), pad=2), False)]:
         graph = kernels.grad_weight(conv, prec, winograd=True)
         names = {t.op.name for t in _stage_tensors(graph.output)}
         assert (stages.DW_WINO_X in names) is applies
@@ -155,36 +148,3 @@ def _stage_tensors(tensor):
             todo += list(t.op.input_tensors)
     return list(seen.values())
 
-
-def _dx_mad_parallel_loop(conv):
-    """(extent of the parallel loop, extents of the loops inside it) of the largest input-gradient
-    reduction of a Winograd CPU kernel for 2 cores (the D planes away from the borders)."""
-    graph = kernels.grad_input(conv, kernels.Precision("float32", "float32"), winograd=4)
-    target = Target({**host_target().export(), "num-cores": 2})
-    sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})), graph,
-                           target)
-    found = []
-    for block in sch.get_child_blocks(sch.get_sblock("root")):
-        name = sch.get(block).name_hint
-        if name.startswith(stages.DX_MAD) and not name.endswith("_init"):
-            outer, *inner = (sch.get(loop) for loop in sch.get_loops(block))
-            assert outer.kind == tvm.tirx.ForKind.PARALLEL
-            found.append((int(outer.extent), [int(loop.extent) for loop in inner]))
-    return max(found)
-
-
-def test_input_gradient_channel_blocks_share_a_dy_chunk():
-    """Enough (n, d, point) tasks: those are the parallel loop, and the 4 input-channel blocks
-    run inside a reduction chunk (each reusing that chunk of transformed dy from cache)."""
-    extent, inner = _dx_mad_parallel_loop(_conv(2, 64, (8, 6, 8), 32, (3, 3, 3)))
-    assert extent == 2 * 6 * 6  # n * the 6 planes off the D borders * the 6 points of F(4,3)
-    assert inner[:3] == [3, 1, 4]  # kd, the one chunk of 32 output channels, 4 blocks
-
-
-def test_input_gradient_few_tasks_parallel_over_channel_blocks_too():
-    """One sample, one plane: 6 point tasks are too few for 2 cores (4 tasks each at least), so
-    the channel blocks are parallel tasks too."""
-    plane = kernels.Conv3d(1, 64, 32, (1, 6, 8), (1, 6, 8), (1, 3, 3), (1, 1, 1),
-                           (0, 0, 1, 1, 1, 1), (1, 1, 1), 1)
-    extent, _ = _dx_mad_parallel_loop(plane)
-    assert extent == 1 * 1 * 4 * 6
