@@ -80,8 +80,8 @@ SPLIT_K_BYTES = 256 * 1024
 SPLIT_K_CHANNELS = 16
 
 
-def default_knobs(p: BackpropFilterParams, lanes: int, threads: int,
-                  result_elems: int | None = None, reduction: int = 1) -> Knobs:
+def default_knobs(p: BackpropFilterParams, lanes: int, threads: int, result_elems: int,
+                  reduction: int) -> Knobs:
     """The largest register tile that fits, then enough parallel chunks for every thread: of
     the output channels, or (``result_elems``: the float32 cells of a merged group's result,
     ``reduction``: the extent of the fused (n, do) loop) of the reduction when the channels
@@ -94,7 +94,7 @@ def default_knobs(p: BackpropFilterParams, lanes: int, threads: int,
     chunks = [c for c in divisors(g.cout_g // co_tile)]
     want = -(-CHUNKS_PER_THREAD * threads // g.real_g)
     co_par = next((c for c in chunks if c >= want), chunks[-1])
-    small = result_elems is not None and result_elems * 4 <= SPLIT_K_BYTES
+    small = result_elems * 4 <= SPLIT_K_BYTES
     if co_par > 1 and small and g.cout_g // co_par < SPLIT_K_CHANNELS:
         k_par = next((k for k in divisors(reduction) if k >= want), reduction)
         if k_par > 1:
