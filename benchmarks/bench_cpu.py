@@ -5,7 +5,8 @@ reported), then tbe_like's kernel and ``torch.ops.aten.convolution_backward`` (o
 selecting the same gradient, same NCDHW arrays, the same thread count) are timed side by side in
 this process, in alternating blocks of calls; the medians are reported as ms and GFLOP/s with
 the ratio torch_time / tbe_like_time (> 1: tbe_like is faster; the median of the per-round
-ratios), plus geometric means and, for the float16 shape, tbe_like's float16 time over its
+ratios, with their quartiles: on this shared host one round's ratio ranged over 0.7-1.4x of
+the median), plus geometric means and, for the float16 shape, tbe_like's float16 time over its
 float32 time (the two kernels timed side by side the same way). ``%peak`` is tbe_like's
 GFLOP/s over the machine's float32 multiply-add peak, measured by a register-only TVM kernel
 (:func:`fma_peak`) timed in the same rounds: the host is shared, and what its cores deliver
@@ -201,11 +202,14 @@ def run(shapes, repeat: int, budget: float, torch_limit: float, threads: int
             if once > torch_limit:  # too slow to repeat: timed once
                 timed = _rounds((run_ours, peak_run), repeat, math.inf, calls=1)
                 ours, theirs = statistics.median(t[0] for t in timed), once
+                per_round = [once / t[0] for t in timed]
                 ratio = theirs / ours
             else:
                 timed = _rounds((run_ours, torch_call, peak_run), repeat, budget)
                 ours, theirs = (statistics.median(t[i] for t in timed) for i in (0, 1))
-                ratio = statistics.median(t[1] / t[0] for t in timed)
+                per_round = [t[1] / t[0] for t in timed]
+                ratio = statistics.median(per_round)
+            low, _, high = statistics.quantiles(per_round, n=4, method="inclusive")
             # The kernel's GFLOP/s over the FMA peak's in the same round.
             of_peak = statistics.median(gf * t[-1] / (peak_gflop * t[0]) for t in timed)
             peak = statistics.median(peak_gflop / t[-1] for t in timed)
@@ -215,13 +219,16 @@ def run(shapes, repeat: int, budget: float, torch_limit: float, threads: int
                          "tbe_like_ms": round(ours * 1e3, 2), "torch_ms": round(theirs * 1e3, 2),
                          "tbe_like_gflops": round(gf / ours, 1),
                          "torch_gflops": round(gf / theirs, 1),
-                         "ratio": round(ratio, 2), "peak_gflops": round(peak, 1),
+                         "ratio": round(ratio, 2), "rounds": len(timed),
+                         "ratio_quartiles": [round(low, 2), round(high, 2)],
+                         "peak_gflops": round(peak, 1),
                          "of_peak": round(of_peak, 3), "config": asdict(s),
                          "target": str(host_target())})
             r = rows[-1]
             print(f"{s.name:18} {grad:6} {s.dtype:8} {r['tbe_like_ms']:10.2f} "
                   f"{r['tbe_like_gflops']:8.1f} {r['torch_ms']:10.2f} {r['torch_gflops']:8.1f} "
-                  f"{r['ratio']:6.2f} {100 * of_peak:5.0f}% {r['compile_s']:7.2f} "
+                  f"{r['ratio']:6.2f} {f'{low:.2f}-{high:.2f}':>11} {len(timed):6} "
+                  f"{100 * of_peak:5.0f}% {r['compile_s']:7.2f} "
                   f"{'yes' if tuned else 'no':>5}",
                   flush=True)
     return rows, runners
@@ -252,7 +259,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="one small shape (a smoke run)")
     ap.add_argument("--only", nargs="*", help="shape names to run")
-    ap.add_argument("--repeat", type=int, default=5, help="rounds (a block of calls each)")
+    ap.add_argument("--repeat", type=int, default=15,
+                    help="rounds (a block of calls each), within --budget")
     ap.add_argument("--budget", type=float, default=20.0,
                     help="seconds of rounds per gradient at most (2 rounds at least)")
     ap.add_argument("--torch-limit", type=float, default=30.0,
@@ -280,7 +288,8 @@ def main(argv=None) -> int:
           f"{torch.get_num_threads()} | torch {torch.__version__} | {platform.processor() or ''}"
           f" {platform.machine()}")
     print(f"{'shape':18} {'grad':6} {'dtype':8} {'tbe ms':>10} {'tbe GF/s':>8} {'torch ms':>10} "
-          f"{'torch GF/s':>8} {'ratio':>6} {'%peak':>6} {'build s':>7} {'tuned':>5}")
+          f"{'torch GF/s':>8} {'ratio':>6} {'quartiles':>11} {'rounds':>6} {'%peak':>6} "
+          f"{'build s':>7} {'tuned':>5}")
     rows, runners = run(shapes, args.repeat, args.budget, args.torch_limit, threads)
     peaks = [r["peak_gflops"] for r in rows]
     print(f"%peak: tbe_like's GFLOP/s over the float32 FMA peak timed in the same rounds "

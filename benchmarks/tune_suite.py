@@ -5,11 +5,12 @@
 
 Each (shape, gradient) is one ``python -m tbe_like tune`` run in its own process (MetaSchedule
 is happiest with one tuning per process): every measured candidate goes to ``--search``, then
-the best few are re-measured against the untuned template and a record is kept only where one
-is faster. The tuning time per shape and the best time are printed as a table and written as
-JSON next to the records. Records are per target: those in
-the repository were tuned for the CPU named in ``tuning_log.json`` and apply only there; other
-machines build the untuned templates (or tune themselves).
+the best few and the record already stored are re-measured against the untuned template, and
+the fastest is kept only where it beats the template (one record per workload and target: a
+stored record that the template now beats is removed). The tuning time per shape and the best
+time are printed as a table and written as JSON next to the records. Records are per target:
+those in the repository were tuned for the CPU named in ``tuning_log.json`` and apply only
+there; other machines build the untuned templates (or tune themselves).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from bench_cpu import SUITE
 
 REPO = Path(__file__).resolve().parents[1]
 BEST = re.compile(r"best ([0-9.]+) ms \(([0-9.]+) GFLOP/s\)")
+STORED = re.compile(r"^(stored the|kept the stored) tuned schedule", re.MULTILINE)
 
 
 def command(shape, gradient: str, trials: int, per_iter: int, records: Path, search: Path
@@ -38,29 +40,6 @@ def command(shape, gradient: str, trials: int, per_iter: int, records: Path, sea
             "--dilation", str(shape.dilation), "--groups", str(shape.groups),
             "--dtype", shape.dtype, "--trials", str(trials), "--per-iter", str(per_iter),
             "--records", str(records), "--search", str(search)]
-
-
-def compact(records: Path) -> None:
-    """Keep only the best record of each workload (what builds replay): the database grows by
-    every measured candidate otherwise."""
-    import shutil
-    import tempfile
-
-    from tvm.s_tir import meta_schedule as ms
-
-    from tbe_like.tune import keep_record
-
-    db = ms.database.JSONDatabase(work_dir=str(records), allow_missing=False)
-    workloads = []
-    for record in db.get_all_tuning_records():
-        if not any(record.workload.same_as(w) for w in workloads):
-            workloads.append(record.workload)
-    with tempfile.TemporaryDirectory() as tmp:
-        for wl in workloads:
-            (top,) = db.get_top_k(wl, 1)
-            keep_record(tmp, top, wl.mod)
-        for name in ("database_workload.json", "database_tuning_record.json"):
-            shutil.copyfile(Path(tmp) / name, records / name)
 
 
 def main(argv=None) -> int:
@@ -94,15 +73,14 @@ def main(argv=None) -> int:
                       file=sys.stderr)
                 return 1
             ms, gflops = (float(v) for v in found[-1])
-            stored = "stored the tuned schedule" in run.stderr
+            # A record of the workload is kept (new, or the stored one still faster) or none.
+            stored = STORED.search(run.stderr) is not None
             rows.append({"shape": shape.name, "gradient": gradient, "trials": trials,
                          "tune_s": round(seconds, 1), "best_ms": ms, "gflops": gflops,
                          "record": stored})
             print(f"{shape.name:18} {gradient:6} {trials:6} {seconds:7.0f} {ms:9.2f} "
                   f"{gflops:7.1f} {'record' if stored else 'untuned template kept'}",
                   flush=True)
-    if (records / "database_tuning_record.json").is_file():
-        compact(records)
     from tbe_like.target import host_target
 
     log = records / "tuning_log.json"

@@ -55,8 +55,43 @@ def workload(func) -> IRModule:
     return IRModule({"main": func.with_attr("global_symbol", "main")})
 
 
+def target_key(target: Target) -> tuple[str, ...]:
+    """What a schedule was tuned for: the target's kind, CPU (``mcpu``, ``mattr``) or GPU
+    (``arch``) model and core count. A record applies only to a target with the same key:
+    MetaSchedule's own query matches the workload alone, and replayed a CPU record into a CUDA
+    build (a kernel with no GPU threads)."""
+    attrs = target.attrs
+    return (str(target.kind.name),
+            *(str(attrs[k]) if k in attrs else "" for k in ("mcpu", "mattr", "num-cores", "arch")))
+
+
+def _same(record, mod: IRModule, key: tuple[str, ...]) -> bool:
+    from tvm_ffi import structural_equal
+
+    return (record.target is not None and target_key(record.target) == key
+            and structural_equal(record.workload.mod, mod))
+
+
+def _best_record(db, mod: IRModule, target: Target):
+    """The fastest record of workload ``mod`` for ``target`` in ``db``, or ``None``."""
+    if not db.has_workload(mod):
+        return None
+    key = target_key(target)
+    records = db.get_top_k(db.commit_workload(mod), len(db))  # fastest first
+    return next((r for r in records if r.target is not None and target_key(r.target) == key),
+                None)
+
+
+def _replay(record, mod: IRModule):
+    from ._tvm import s_tir
+
+    sch = s_tir.Schedule(mod)
+    record.trace.apply_to_schedule(sch, remove_postproc=False)
+    return sch
+
+
 def lookup(func, target: Target) -> Any | None:
-    """The best recorded schedule of ``func`` for ``target``, or ``None``."""
+    """The best recorded schedule of ``func`` for ``target`` (:func:`target_key`), or ``None``."""
     mod = workload(func)
     ms = _ms()
     for d in records_dirs():
@@ -64,7 +99,8 @@ def lookup(func, target: Target) -> Any | None:
             continue
         try:
             db = ms.database.JSONDatabase(work_dir=str(d), allow_missing=False)
-            sch = db.query_schedule(mod, target, workload_name="main")
+            record = _best_record(db, mod, target)
+            sch = None if record is None else _replay(record, mod)
         except Exception as err:
             # A damaged file, or a record whose trace no longer applies (made by an older
             # template): the build goes on without it, and says so.
@@ -176,6 +212,9 @@ def _race(runners: list[Callable[[], float]], rounds: int = 5) -> list[float]:
     return best
 
 
+RECORD_FILES = ("database_workload.json", "database_tuning_record.json")
+
+
 def keep_record(records: str | os.PathLike, record, mod: IRModule, run_secs=None,
                 target: Target | None = None) -> None:
     """Copy a tuning ``record`` of workload ``mod`` into the database in ``records`` (created),
@@ -189,39 +228,83 @@ def keep_record(records: str | os.PathLike, record, mod: IRModule, run_secs=None
         record.target if target is None else target, record.args_info))
 
 
+def replace_record(records: str | os.PathLike, mod: IRModule, target: Target, record=None,
+                   run_secs=None) -> None:
+    """Make ``record`` (measured at ``run_secs``) the only record of workload ``mod`` for
+    ``target`` in ``records``; ``None`` removes that workload's records for ``target``. Records
+    of other workloads and targets stay; files that lose a record are kept as ``*.previous``."""
+    import shutil
+
+    ms = _ms()
+    records = Path(records)
+    old = []
+    if (records / RECORD_FILES[1]).is_file():
+        old = list(ms.database.JSONDatabase(work_dir=str(records), allow_missing=False)
+                   .get_all_tuning_records())
+    key = target_key(target)
+    kept = [r for r in old if not _same(r, mod, key)]
+    if len(kept) == len(old):  # nothing to remove: append
+        if record is not None:
+            keep_record(records, record, mod, run_secs, target)
+        return
+    with tempfile.TemporaryDirectory(prefix="tbe_like_records_") as tmp:
+        for r in kept:
+            keep_record(tmp, r, r.workload.mod)
+        if record is not None:
+            keep_record(tmp, record, mod, run_secs, target)
+        for name in RECORD_FILES:
+            if (records / name).is_file():
+                os.replace(records / name, records / (name + ".previous"))
+            if (Path(tmp) / name).is_file():
+                shutil.copyfile(Path(tmp) / name, records / name)
+
+
 def select(func, default: Callable, target: Target, search: str | os.PathLike,
            records: str | os.PathLike, top_k: int = 3, margin: float = 0.03,
            out=sys.stderr) -> tuple[float, float]:
-    """Store the best of ``search``'s ``top_k`` records for ``func`` in ``records`` only if it
-    beats the untuned template by ``margin``, both re-measured here, side by side.
+    """Keep in ``records`` the fastest of ``search``'s ``top_k`` records for ``func`` and the
+    one ``records`` holds already, only if it beats the untuned template by ``margin``, all
+    re-measured here, side by side.
 
     MetaSchedule ranks candidates by single measurements in its runner; on a shared 2-core
     machine those were off by up to 2x (the untuned template measured at 162 ms for an 84 ms
     kernel), and the records it ranked first were up to 30% slower than the template. Here the
-    contenders run in interleaved rounds and each keeps its fastest call (:func:`_race`). Returns
-    ``(best_seconds, default_seconds)``; the records folder never gets a slower schedule.
+    contenders run in interleaved rounds and each keeps its fastest call (:func:`_race`). A
+    stored record that the template now beats (the templates improve; a depthwise record tuned
+    against an older one was 4-9% slower than the current template) is removed. Returns
+    ``(best_seconds, default_seconds)``; the records folder never keeps a slower schedule.
     """
     from ._tvm import s_tir
 
     ms = _ms()
     mod = workload(func)
     db = ms.database.JSONDatabase(work_dir=str(search), allow_missing=False)
-    candidates = db.get_top_k(db.commit_workload(mod), top_k)
+    candidates = list(db.get_top_k(db.commit_workload(mod), top_k))
+    stored = None
+    if (Path(records) / RECORD_FILES[1]).is_file():
+        stored = _best_record(ms.database.JSONDatabase(work_dir=str(records),
+                                                       allow_missing=False), mod, target)
+    contenders = candidates + ([stored] if stored is not None else [])
     funcs = [default(s_tir.Schedule(mod)).mod["main"]]
-    for record in candidates:
-        sch = s_tir.Schedule(mod)
-        record.trace.apply_to_schedule(sch, remove_postproc=False)
-        funcs.append(sch.mod["main"])
+    funcs += [_replay(record, mod).mod["main"] for record in contenders]
     base, *times = _race([_runner(f, target) for f in funcs])
     best, best_secs = None, math.inf
-    for record, secs in zip(candidates, times, strict=True):
+    for record, secs in zip(contenders, times, strict=True):
         if secs < best_secs:
             best, best_secs = record, secs
     if best is not None and best_secs < base * (1 - margin):
-        keep_record(records, best, mod, [best_secs], target)
-        print(f"stored the tuned schedule: {best_secs * 1e3:.3f} ms, untuned "
-              f"{base * 1e3:.3f} ms", file=out)
+        if best is stored:
+            print(f"kept the stored tuned schedule: {best_secs * 1e3:.3f} ms, untuned "
+                  f"{base * 1e3:.3f} ms", file=out)
+        else:
+            replace_record(records, mod, target, best, [best_secs])
+            print(f"stored the tuned schedule: {best_secs * 1e3:.3f} ms, untuned "
+                  f"{base * 1e3:.3f} ms", file=out)
         return best_secs, base
+    if stored is not None:
+        replace_record(records, mod, target)
+        print(f"removed the stored record of this workload: the untuned template is as fast "
+              f"(the previous files are kept as *.previous in {records})", file=out)
     print(f"no record stored: the best tuned schedule ({best_secs * 1e3:.3f} ms) is not "
           f"{margin:.0%} faster than the untuned template ({base * 1e3:.3f} ms)", file=out)
     return base, base

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 from tbe_like.schedules.common import SAMPLE
+from tvm_ffi import structural_equal
 
 from tbe_like import ops
 from tbe_like._tvm import IRModule, s_tir, tvm
@@ -132,3 +134,74 @@ def test_tune_command_writes_records_that_builds_apply(tmp_path):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
     finally:
         del os.environ["TBE_LIKE_RECORDS"]
+
+
+def _record_of_template(graph, target, records, run_ms=1.0):
+    """Store the untuned template's own schedule as a record of ``graph`` for ``target``."""
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    from tbe_like.tune import keep_record, workload
+
+    func = kernels.prim_func(graph)
+    mod = workload(func)
+    sch = kernels.schedule(s_tir.Schedule(mod), graph, target)
+    record = ms.database.TuningRecord(sch.trace, ms.database.Workload(mod), [run_ms * 1e-3],
+                                      target, ArgInfo.from_prim_func(func))
+    keep_record(records, record, mod)
+    return func
+
+
+def test_records_apply_only_to_their_target(tmp_path, monkeypatch):
+    """MetaSchedule's query matches the workload alone: a CPU record of a stride-2 weight
+    gradient (the same PrimFunc for CUDA) was replayed into CUDA builds, which then failed."""
+    from tbe_like._tvm import Target
+
+    monkeypatch.setenv("TBE_LIKE_RECORDS", str(tmp_path / "records"))
+    monkeypatch.setenv("TBE_LIKE_CACHE_DIR", str(tmp_path / "cache"))
+    target, prec = host_target(), kernels.Precision("float32", "float32")
+    graph = graph_of("grad_weight", CONV, prec, target=target)
+    func = _record_of_template(graph, target, tmp_path / "records")
+    assert lookup(func, target) is not None
+    cores = int(target.attrs["num-cores"])
+    assert lookup(func, Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": cores})
+                  ) is None
+    assert lookup(func, Target({"kind": "llvm", "mcpu": "znver3", "num-cores": cores + 1})
+                  ) is None
+    cuda = Target({"kind": "cuda", "arch": "sm_90"})
+    cuda_func = kernels.prim_func(graph_of("grad_weight", CONV, prec, target=cuda))
+    assert structural_equal(cuda_func, func)  # the same workload...
+    assert lookup(cuda_func, cuda) is None  # ...but not the same target
+
+
+@pytest.mark.parametrize("margin, kept", [(-1.0, True), (0.5, False)])
+def test_select_keeps_a_stored_record_only_while_it_beats_the_template(tmp_path, monkeypatch,
+                                                                       margin, kept):
+    """Re-selecting races the record already stored too: one that the (improved) template
+    matches is removed, the file it was in kept as *.previous, other records untouched."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from tbe_like.tune import workload
+
+    target, prec = host_target(), kernels.Precision("float32", "float32")
+    records, search = tmp_path / "records", tmp_path / "search"
+    monkeypatch.setenv("TBE_LIKE_RECORDS", str(records))
+    monkeypatch.setenv("TBE_LIKE_CACHE_DIR", str(tmp_path / "cache"))
+    graph = graph_of("grad_weight", CONV, prec, target=target)
+    func = _record_of_template(graph, target, records)
+    other = _record_of_template(graph_of("grad_input", CONV, prec, target=target), target,
+                                records)
+    search.mkdir()
+    ms.database.JSONDatabase(work_dir=str(search)).commit_workload(workload(func))  # no search
+    before = (records / "database_tuning_record.json").read_text()
+    out = io.StringIO()
+    select(func, lambda sch: kernels.schedule(sch, graph, target), target, search, records,
+           margin=margin, out=out)
+    assert (lookup(func, target) is not None) == kept, out.getvalue()
+    assert lookup(other, target) is not None
+    if kept:  # a margin of -100%: the stored record stays, the file untouched
+        assert "kept the stored tuned schedule" in out.getvalue()
+        assert (records / "database_tuning_record.json").read_text() == before
+    else:  # the template's own schedule is not 50% faster than itself
+        assert "removed the stored record" in out.getvalue()
+        assert (records / "database_tuning_record.json.previous").read_text() == before
