@@ -284,9 +284,14 @@ def select(func, default: Callable, target: Target, search: str | os.PathLike,
     if (Path(records) / RECORD_FILES[1]).is_file():
         stored = _best_record(ms.database.JSONDatabase(work_dir=str(records),
                                                        allow_missing=False), mod, target)
-    contenders = candidates + ([stored] if stored is not None else [])
-    funcs = [default(s_tir.Schedule(mod)).mod["main"]]
-    funcs += [_replay(record, mod).mod["main"] for record in contenders]
+    funcs, contenders = [default(s_tir.Schedule(mod)).mod["main"]], []
+    for record in candidates + ([stored] if stored is not None else []):
+        try:
+            funcs.append(_replay(record, mod).mod["main"])
+            contenders.append(record)
+        except Exception as err:  # a trace of an older template: it cannot win
+            print(f"skipped a record whose trace no longer applies: {type(err).__name__}",
+                  file=out)
     base, *times = _race([_runner(f, target) for f in funcs])
     best, best_secs = None, math.inf
     for record, secs in zip(contenders, times, strict=True):
