@@ -65,11 +65,14 @@ def target_key(target: Target) -> tuple[str, ...]:
             *(str(attrs[k]) if k in attrs else "" for k in ("mcpu", "mattr", "num-cores", "arch")))
 
 
+def _tuned_for(record, key: tuple[str, ...]) -> bool:
+    return record.target is not None and target_key(record.target) == key
+
+
 def _same(record, mod: IRModule, key: tuple[str, ...]) -> bool:
     from tvm_ffi import structural_equal
 
-    return (record.target is not None and target_key(record.target) == key
-            and structural_equal(record.workload.mod, mod))
+    return _tuned_for(record, key) and structural_equal(record.workload.mod, mod)
 
 
 def _best_record(db, mod: IRModule, target: Target):
@@ -78,8 +81,7 @@ def _best_record(db, mod: IRModule, target: Target):
         return None
     key = target_key(target)
     records = db.get_top_k(db.commit_workload(mod), len(db))  # fastest first
-    return next((r for r in records if r.target is not None and target_key(r.target) == key),
-                None)
+    return next((r for r in records if _tuned_for(r, key)), None)
 
 
 def _replay(record, mod: IRModule):
