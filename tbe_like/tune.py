@@ -30,6 +30,7 @@ from .cache import cache_dir
 RECORDS_ENV = "TBE_LIKE_RECORDS"
 TUNED_ENV = "TBE_LIKE_TUNED"
 SHIPPED_RECORDS = Path(__file__).resolve().parent / "records"
+RECORD_FILES = ("database_workload.json", "database_tuning_record.json")
 
 
 def _ms():
@@ -75,6 +76,13 @@ def _same(record, mod: IRModule, key: tuple[str, ...]) -> bool:
     return _tuned_for(record, key) and structural_equal(record.workload.mod, mod)
 
 
+def _open_records(folder: str | os.PathLike):
+    """The records database in ``folder``, or ``None`` when it holds none."""
+    if not (Path(folder) / RECORD_FILES[1]).is_file():
+        return None
+    return _ms().database.JSONDatabase(work_dir=str(folder), allow_missing=False)
+
+
 def _best_record(db, mod: IRModule, target: Target):
     """The fastest record of workload ``mod`` for ``target`` in ``db``, or ``None``."""
     if not db.has_workload(mod):
@@ -95,12 +103,11 @@ def _replay(record, mod: IRModule):
 def lookup(func, target: Target) -> Any | None:
     """The best recorded schedule of ``func`` for ``target`` (:func:`target_key`), or ``None``."""
     mod = workload(func)
-    ms = _ms()
     for d in records_dirs():
-        if not (d / "database_tuning_record.json").is_file():
-            continue
         try:
-            db = ms.database.JSONDatabase(work_dir=str(d), allow_missing=False)
+            db = _open_records(d)
+            if db is None:
+                continue
             record = _best_record(db, mod, target)
             sch = None if record is None else _replay(record, mod)
         except Exception as err:
@@ -214,9 +221,6 @@ def _race(runners: list[Callable[[], float]], rounds: int = 5) -> list[float]:
     return best
 
 
-RECORD_FILES = ("database_workload.json", "database_tuning_record.json")
-
-
 def keep_record(records: str | os.PathLike, record, mod: IRModule, run_secs=None,
                 target: Target | None = None) -> None:
     """Copy a tuning ``record`` of workload ``mod`` into the database in ``records`` (created),
@@ -237,12 +241,9 @@ def replace_record(records: str | os.PathLike, mod: IRModule, target: Target, re
     of other workloads and targets stay; files that lose a record are kept as ``*.previous``."""
     import shutil
 
-    ms = _ms()
     records = Path(records)
-    old = []
-    if (records / RECORD_FILES[1]).is_file():
-        old = list(ms.database.JSONDatabase(work_dir=str(records), allow_missing=False)
-                   .get_all_tuning_records())
+    db = _open_records(records)
+    old = [] if db is None else list(db.get_all_tuning_records())
     key = target_key(target)
     kept = [r for r in old if not _same(r, mod, key)]
     if len(kept) == len(old):  # nothing to remove: append
@@ -282,10 +283,8 @@ def select(func, default: Callable, target: Target, search: str | os.PathLike,
     mod = workload(func)
     db = ms.database.JSONDatabase(work_dir=str(search), allow_missing=False)
     candidates = list(db.get_top_k(db.commit_workload(mod), top_k))
-    stored = None
-    if (Path(records) / RECORD_FILES[1]).is_file():
-        stored = _best_record(ms.database.JSONDatabase(work_dir=str(records),
-                                                       allow_missing=False), mod, target)
+    stored_db = _open_records(records)
+    stored = None if stored_db is None else _best_record(stored_db, mod, target)
     funcs, contenders = [default(s_tir.Schedule(mod)).mod["main"]], []
     for record in candidates + ([stored] if stored is not None else []):
         try:
@@ -371,7 +370,7 @@ def records_fingerprint() -> str:
 
     digest = hashlib.sha256()
     for d in records_dirs():
-        for name in ("database_workload.json", "database_tuning_record.json"):
+        for name in RECORD_FILES:
             path = d / name
             if not path.is_file():
                 continue
