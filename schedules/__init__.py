@@ -7,6 +7,7 @@ strict registry of ``registry.py``. Importing this package registers them all.
 from __future__ import annotations
 
 from . import cuda, generic, llvm  # noqa: F401  (registers the rules)
-from .registry import Rule, apply_schedule, lookup, register
+from .common import Heuristic
+from .registry import Rule, apply_schedule, candidates, lookup, register
 
-__all__ = ["Rule", "apply_schedule", "lookup", "register"]
+__all__ = ["Heuristic", "Rule", "apply_schedule", "candidates", "lookup", "register"]

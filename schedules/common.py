@@ -2,9 +2,31 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 # Pass as a rule's ``knobs`` to draw the knobs with ``sample_perfect_tile`` instead of fixing
 # them: the rule then describes a MetaSchedule search space (``tbe_like.tune``).
 SAMPLE = "sample"
+
+
+@dataclass(frozen=True)
+class Heuristic:
+    """A CPU rule's untimed choice of knobs, sized for ``lanes`` float32 lanes per vector
+    register (8: AVX2's 16 registers, 16: AVX-512's 32), whatever the target's own width;
+    ``split_k`` forces the weight gradient's split K on or off (``None``: the rule decides).
+
+    A rule called without knobs uses ``Heuristic(<the target's lanes>)``. The rules'
+    ``candidates`` are the few heuristics that measured selection (``tbe_like.tune``) times on
+    the machine; every one of them is correct on every x86 CPU (a 16-lane tile on an AVX2
+    machine only spills), and the tests build each of them on whatever CPU runs them.
+    """
+
+    lanes: int
+    split_k: bool | None = None
+
+
+# The vector widths the heuristics are sized for: AVX2 and AVX-512.
+HEURISTIC_LANES = (8, 16)
 
 
 def divisors(n: int) -> list[int]:

@@ -14,17 +14,25 @@ from typing import Any
 Rule = Callable[..., Any]
 
 _RULES: dict[tuple[str, str], Rule] = {}
+_CANDIDATES: dict[tuple[str, str], Callable[[Any], list]] = {}
 _FALLBACKS: dict[str, Rule] = {}
 
 
-def register(op: str, target_kind: str) -> Callable[[Rule], Rule]:
-    """Decorator: register ``rule(sch, params, target, knobs=None)`` for ``op`` on a target kind."""
+def register(op: str, target_kind: str, candidates: Callable[[Any], list] | None = None
+             ) -> Callable[[Rule], Rule]:
+    """Decorator: register ``rule(sch, params, target, knobs=None)`` for ``op`` on a target kind.
+
+    ``candidates(target)``: the knobs values that measured selection times (``tbe_like.tune``);
+    without it the rule's default is the only candidate.
+    """
 
     def wrap(rule: Rule) -> Rule:
         key = (op, target_kind)
         if key in _RULES:
             raise ValueError(f"a schedule rule for {key} is registered already: {_RULES[key]}")
         _RULES[key] = rule
+        if candidates is not None:
+            _CANDIDATES[key] = candidates
         return rule
 
     return wrap
@@ -44,6 +52,13 @@ def register_fallback(target_kind: str) -> Callable[[Rule], Rule]:
 
 def lookup(op: str, target_kind: str) -> Rule | None:
     return _RULES.get((op, target_kind))
+
+
+def candidates(op: str, target: Any) -> list:
+    """The knobs values of ``op``'s rule for ``target`` that measured selection times
+    (``[None]``: the rule's default alone)."""
+    found = _CANDIDATES.get((op, str(target.kind.name)))
+    return found(target) if found is not None else [None]
 
 
 def apply_schedule(sch: Any, op: str, params: Any, target: Any, knobs: Any = None) -> Any:

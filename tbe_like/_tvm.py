@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import tvm
 from tvm import runtime as tvm_runtime
-from tvm import s_tir, te, tirx, topi
+from tvm import s_tir, sym, te, tirx, topi  # sym: the integer analysis (tvm.arith before 0.27)
 from tvm.ir import IRModule
+from tvm.ir.expr import Call, TensorLoad  # a call; a buffer read (tirx.BufferLoad before 0.27)
+from tvm.ir.prim.expr import LT, And, FloorDiv
 from tvm.s_tir import TensorIntrin
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.gpu.matmul import get_index_map as gemm_index_maps
@@ -24,16 +26,22 @@ from tvm_ffi import structural_walk
 TVM_VERSION: str = tvm.__version__
 
 __all__ = [
+    "LT",
     "TVM_VERSION",
+    "And",
+    "Call",
+    "FloorDiv",
     "IRModule",
     "T",
     "Target",
     "TensorIntrin",
+    "TensorLoad",
     "gemm_index_maps",
     "get_root_block",
     "nvcc",
     "s_tir",
     "structural_walk",
+    "sym",
     "target_codegen",
     "te",
     "tirx",

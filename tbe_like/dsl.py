@@ -21,10 +21,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import compute, params
-from ._tvm import IRModule, Target, s_tir, te, tirx, tvm
+from ._tvm import IRModule, Target, s_tir, te, tirx
+from .bounds import compile_checked
 from .kernel import DEFAULT_OUTPUT_DIR, Kernel, TensorSpec, export_kernel
 from .params import calculate_group
-from .target import build_config, resolve_target
+from .target import resolve_target
 
 __all__ = [
     "Schedule",
@@ -230,6 +231,11 @@ class Schedule:
         The TensorIR schedule of the operator's PrimFunc (``sch.mod["main"]``).
     inputs, output : te.Tensor
         The operator's placeholders, in the order of the PrimFunc's parameters, and its result.
+    origin : str
+        ``"record"`` (a tuning record replayed), ``"measured"`` (the fastest of the rule's
+        candidates timed on this machine, now a record), or ``"rule"`` (the untimed rule).
+    selection : dict or None
+        For ``"measured"``: the choice, each candidate's time and the seconds it took.
     """
 
     op: str
@@ -238,6 +244,8 @@ class Schedule:
     sch: Any
     inputs: tuple
     output: Any
+    origin: str = "rule"
+    selection: dict | None = None
 
     @property
     def mod(self) -> IRModule:
@@ -275,8 +283,14 @@ def auto_schedule(res: te.Tensor, target: Any = None) -> Schedule:
         ``mcpu`` and all cores). ``"llvm"`` / ``"cuda"`` or a target dict are completed likewise;
         ``"cuda"`` means ``{"kind": "cuda", "arch": "sm_80"}``, another GPU is named with
         ``{"kind": "cuda", "arch": "sm_90"}`` (``sm_75`` and newer).
+
+    A tuning record of the same operator, shapes and target (``tbe_like.tune``) is replayed.
+    Without one, on a CPU, the rule's few candidate knob sets are compiled and timed here once
+    and the fastest is stored as a record (measured selection, a few seconds;
+    ``TBE_LIKE_MEASURE=0`` takes the rule's untimed choice instead).
     """
     from . import schedules  # the rules register themselves on import
+    from .tune import lookup, measured_schedule, measuring
 
     op, res, inputs = _op_of(res)
     spec = _OPS[op]
@@ -287,8 +301,17 @@ def auto_schedule(res: te.Tensor, target: Any = None) -> Schedule:
         kind = TypeError if isinstance(e, TypeError) else ValueError
         raise kind(f"auto_schedule: {e}") from None
     func = _prim_func([*inputs, res], p.kernel_name)
-    sch = s_tir.Schedule(IRModule({"main": func}))
-    sch = schedules.apply_schedule(sch, op, p, tgt)
+    sch = lookup(func, tgt)
+    if sch is not None:
+        return Schedule(op, p, tgt, sch, inputs, res, "record")
+    if measuring(tgt):
+        sch, selection = measured_schedule(
+            func, lambda s, knobs: schedules.apply_schedule(s, op, p, tgt, knobs),
+            schedules.candidates(op, tgt), tgt)
+        if selection is not None:
+            return Schedule(op, p, tgt, sch, inputs, res, "measured", selection.as_dict())
+        return Schedule(op, p, tgt, sch, inputs, res)
+    sch = schedules.apply_schedule(s_tir.Schedule(IRModule({"main": func})), op, p, tgt)
     return Schedule(op, p, tgt, sch, inputs, res)
 
 
@@ -374,13 +397,15 @@ def build(sch: Schedule, config: Mapping[str, Any]) -> Kernel:
     mod = IRModule({"main": ordered.mod["main"].with_attr("global_symbol", name)})
     if config.get("print_ir"):
         print(mod.script())
-    with tvm.transform.PassContext(config=build_config(sch.target)):
-        executable = tvm.compile(mod, target=sch.target)
+    executable = compile_checked(mod, sch.target, name)
     spec = _OPS[sch.op]
     specs = [TensorSpec(t.op.name, tuple(int(s) for s in t.shape), str(t.dtype),
                         _layout_of(t, sch.inputs, spec)) for t in tensor_list]
     para = dict(sch.params.para_dict)
     para["group_dict"] = sch.params.geometry.group.as_group_dict()
     para["kernel_name"] = name  # the name the kernel was built under (config wins, as in TBE)
+    para["schedule"] = sch.origin
+    if sch.selection is not None:
+        para["selection"] = sch.selection
     return export_kernel(executable, output_dir, name, sch.op, sch.target, specs[:-1],
                          specs[-1:], _normalized(para))

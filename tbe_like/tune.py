@@ -21,6 +21,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,13 @@ from .cache import cache_dir
 
 RECORDS_ENV = "TBE_LIKE_RECORDS"
 TUNED_ENV = "TBE_LIKE_TUNED"
+# ``TBE_LIKE_MEASURE=0``: builds without a record take the rule's untimed heuristic instead of
+# timing its candidates (measured selection, :func:`measured_schedule`).
+MEASURE_ENV = "TBE_LIKE_MEASURE"
+# What measured selection may spend timing the candidates of one kernel, after one warm-up call
+# each (their compilation comes on top): at least one call of each, at most MEASURE_ROUNDS.
+MEASURE_SECONDS = 2.0
+MEASURE_ROUNDS = 5
 SHIPPED_RECORDS = Path(__file__).resolve().parent / "records"
 RECORD_FILES = ("database_workload.json", "database_tuning_record.json")
 
@@ -125,12 +133,10 @@ def lookup(func, target: Target) -> Any | None:
 def build_for_tuning(mod: IRModule, target: Target, params: Any = None) -> Any:
     """MetaSchedule's builder function: ``tvm.compile`` with the pass options builds use
     (``tbe_like.target.build_config``; e.g. CUDA tensor-core kernels need one pass off)."""
-    from ._tvm import tvm
-    from .target import build_config
+    from .bounds import compile_checked
 
     del params
-    with tvm.transform.PassContext(config=build_config(target)):
-        return tvm.compile(mod, target=target).mod  # the runtime module, as the exporter wants
+    return compile_checked(mod, target, "a tuning candidate").mod  # the runtime module
 
 
 BUILD_FUNC = "tbe_like.tune.build_for_tuning"
@@ -182,10 +188,9 @@ def _runner(func, target: Target) -> Callable[[], float]:
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
     from ._tvm import tvm
-    from .target import build_config
+    from .bounds import compile_checked
 
-    with tvm.transform.PassContext(config=build_config(target)):
-        kernel = tvm.compile(IRModule({"main": func}), target=target)["main"]
+    kernel = compile_checked(IRModule({"main": func}), target)["main"]
     dev = tvm.runtime.device("cpu" if str(target.kind.name) == "llvm" else "cuda", 0)
     rng = np.random.default_rng(0)
     args = []
@@ -358,6 +363,73 @@ def tune(func, space: Callable, target: Target, trials: int, records: str | os.P
         return math.inf
     keep_record(records, best[0], workload(func), target=target)
     return sum(float(s) for s in best[0].run_secs) / len(best[0].run_secs)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What measured selection did for one kernel: the knobs it chose among ``times`` (each
+    candidate's fastest call, seconds), and the seconds it took (compiling and timing)."""
+
+    choice: str
+    times: dict[str, float]
+    seconds: float
+
+    def as_dict(self) -> dict:
+        return {"choice": self.choice, "seconds": round(self.seconds, 3),
+                "times_ms": {k: round(v * 1e3, 4) for k, v in self.times.items()}}
+
+
+def measuring(target: Target) -> bool:
+    """Whether builds for ``target`` without a record time the rule's candidates: on CPUs
+    (the machine that builds is the one that runs), unless ``TBE_LIKE_MEASURE=0`` or
+    ``TBE_LIKE_TUNED=0`` (no records read or written)."""
+    return (str(target.kind.name) == "llvm" and os.environ.get(MEASURE_ENV, "1") != "0"
+            and os.environ.get(TUNED_ENV, "1") != "0")
+
+
+def measured_schedule(func, schedule_with: Callable[[Any, Any], Any], candidates: list,
+                      target: Target, records: str | os.PathLike | None = None
+                      ) -> tuple[Any, Selection | None]:
+    """Like cuDNN's benchmark mode or FFTW's planner: schedule ``func`` with each knobs value
+    in ``candidates`` (``schedule_with(sch, knobs)``), compile the distinct schedules, time
+    them here side by side (:func:`_race`, within ``MEASURE_SECONDS``), and store the fastest
+    as the tuning record of ``func`` for ``target`` in ``records`` (default: the user's,
+    ``<cache dir>/records``), which later builds replay (:func:`lookup`).
+
+    Returns the fastest schedule and what was done (``None`` when the candidates give one
+    schedule: nothing to time, nothing stored).
+    """
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+    from tvm_ffi import structural_hash
+
+    from ._tvm import s_tir
+
+    start = time.perf_counter()
+    mod = workload(func)
+    distinct: dict[int, tuple[str, Any]] = {}
+    for knobs in candidates:
+        sch = schedule_with(s_tir.Schedule(mod), knobs)
+        distinct.setdefault(structural_hash(sch.mod), (str(knobs), sch))
+    options = list(distinct.values())
+    if len(options) == 1:
+        return options[0][1], None
+    runners = [_runner(sch.mod["main"], target) for _, sch in options]
+    first = [run() for run in runners]
+    rounds = int(MEASURE_SECONDS / (2 * sum(first)))
+    times = first
+    if rounds >= 1:
+        times = [min(a, b) for a, b in zip(first, _race(runners, min(rounds, MEASURE_ROUNDS)),
+                                           strict=True)]
+    best = min(range(len(options)), key=times.__getitem__)
+    name, sch = options[best]
+    ms = _ms()
+    record = ms.database.TuningRecord(sch.trace, ms.database.Workload(mod), [times[best]],
+                                      target, ArgInfo.from_prim_func(func))
+    replace_record(records if records is not None else cache_dir() / "records", mod, target,
+                   record, [times[best]])
+    selection = Selection(name, {n: t for (n, _), t in zip(options, times, strict=True)},
+                          time.perf_counter() - start)
+    return sch, selection
 
 
 _FINGERPRINTS: dict[tuple, str] = {}

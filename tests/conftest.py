@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import numpy as np
@@ -15,6 +16,11 @@ try:
     BFLOAT16 = ml_dtypes.bfloat16
 except ImportError:  # pragma: no cover - ml_dtypes is a dependency
     BFLOAT16 = None
+
+# Builds in tests take the rules' untimed choice: measured selection would time every kernel's
+# candidates and write records into the user's cache. The knob-sweep tests build every
+# candidate themselves, and test_tune tests the selection in a private cache.
+os.environ.setdefault("TBE_LIKE_MEASURE", "0")
 
 NP_DTYPES = {"float16": np.float16, "float32": np.float32, "bfloat16": BFLOAT16}
 # Relative tolerances (to the largest magnitude of the expected result) by output dtype: the
@@ -34,6 +40,14 @@ BAD_NAMES = {
     "space": "a b",
 }
 NAME_RULE = "must be an identifier"
+
+
+def round_hf32(a: np.ndarray) -> np.ndarray:
+    """float32 -> nearest-even at 10 mantissa bits (independent of the TE version)."""
+    bits = np.asarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    lsb = (bits >> 13) & 1
+    out = ((bits + 0xFFF + lsb) & 0xFFFFE000).astype(np.uint32)
+    return out.view(np.float32)
 
 
 def conv3d(n, cin, spatial, cout, kernel, stride=1, pad=1, dil=1, groups=1):

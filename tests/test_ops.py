@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from conftest import NP_DTYPES, RTOL
+from conftest import NP_DTYPES, RTOL, round_hf32
 
 from tbe_like import ops
 from tbe_like.cache import KernelCache
@@ -126,14 +126,6 @@ CASES = {
 for _mask in itertools.product([False, True], repeat=3):
     CASES["mask-" + "".join("1" if m else "0" for m in _mask)] = Case(
         (1, 8, 7, 6), (8, 4, 3, 3), stride=2, padding=1, groups=2, mask=_mask)
-
-
-def round_hf32(a: np.ndarray) -> np.ndarray:
-    """float32 -> nearest-even at 10 mantissa bits (independent of the TE version)."""
-    bits = np.asarray(a, np.float32).view(np.uint32).astype(np.uint64)
-    lsb = (bits >> 13) & 1
-    out = ((bits + 0xFFF + lsb) & 0xFFFFE000).astype(np.uint32)
-    return out.view(np.float32)
 
 
 def operand_rounding(case: Case):

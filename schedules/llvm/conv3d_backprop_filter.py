@@ -34,7 +34,9 @@ from tbe_like.params import FILTER_OP, BackpropFilterParams
 from tbe_like.target import vector_lanes
 
 from ..common import (
+    HEURISTIC_LANES,
     SAMPLE,
+    Heuristic,
     block_names,
     divisors,
     flatten_init,
@@ -81,32 +83,46 @@ SPLIT_K_CHANNELS = 16
 
 
 def default_knobs(p: BackpropFilterParams, lanes: int, threads: int, result_elems: int,
-                  reduction: int) -> Knobs:
+                  reduction: int, columns: int, split_k: bool | None = None) -> Knobs:
     """The largest register tile that fits, then enough parallel chunks for every thread: of
     the output channels, or (``result_elems``: the float32 cells of a merged group's result,
     ``reduction``: the extent of the fused (n, do) loop) of the reduction when the channels
-    would be split too finely and the result is small (``SPLIT_K_BYTES``)."""
+    would be split too finely and the result is small (``SPLIT_K_BYTES``). ``columns`` is the
+    extent of the tile's column loop: kw, or with Winograd the m+2 points (a tile must divide
+    it: ``rfactor`` drops a split's predicate from the block that adds the partials).
+    ``split_k`` forces split K on or off (``None``: as above)."""
     geo, g = p.geometry, p.geometry.group
     budget = ACC_REGS.get(lanes, 8) // max(1, geo.c0 // lanes)
-    tiles = [(co, kw) for kw in divisors(geo.kernel[2]) for co in divisors(g.cout_g)
+    tiles = [(co, kw) for kw in divisors(columns) for co in divisors(g.cout_g)
              if co * kw <= budget and co <= 8]
     co_tile, kw_tile = max(tiles, key=lambda t: (t[0] * t[1], t[0]))
     chunks = [c for c in divisors(g.cout_g // co_tile)]
     want = -(-CHUNKS_PER_THREAD * threads // g.real_g)
     co_par = next((c for c in chunks if c >= want), chunks[-1])
     small = result_elems * 4 <= SPLIT_K_BYTES
-    if co_par > 1 and small and g.cout_g // co_par < SPLIT_K_CHANNELS:
+    if split_k is None:
+        split_k = co_par > 1 and small and g.cout_g // co_par < SPLIT_K_CHANNELS
+    if split_k:
         k_par = next((k for k in divisors(reduction) if k >= want), reduction)
         if k_par > 1:
             return Knobs(1, co_tile, kw_tile, k_par=k_par)
     return Knobs(co_par, co_tile, kw_tile)
 
 
-@register(FILTER_OP, "llvm")
-def schedule(sch, p: BackpropFilterParams, target, knobs: Knobs | str | None = None):
-    """``knobs``: fixed tiles (default: :func:`default_knobs`) or ``SAMPLE`` (a search space:
-    the co split and the kw tile drawn with ``sample_perfect_tile``, the reduction's parallel
-    chunks with ``sample_categorical``)."""
+def candidates(target) -> list[Heuristic]:
+    """What measured selection times: the tiles for either vector width, split K on and off
+    where the rule would choose the other."""
+    del target
+    return [Heuristic(lanes, split_k) for lanes in HEURISTIC_LANES for split_k in (False, True)]
+
+
+@register(FILTER_OP, "llvm", candidates=candidates)
+def schedule(sch, p: BackpropFilterParams, target,
+             knobs: Knobs | Heuristic | str | None = None):
+    """``knobs``: fixed tiles (each must divide its loop), a :class:`Heuristic` (default: the
+    target's vector width; :func:`default_knobs`) or ``SAMPLE`` (a search space: the co split
+    and the kw tile drawn with ``sample_perfect_tile``, the reduction's parallel chunks with
+    ``sample_categorical``)."""
     sch.compute_inline(sch.get_sblock(stages.DW_DY_MATRIX))
     winograd = stages.DW_WINO_X in block_names(sch)
     if winograd:
@@ -125,8 +141,11 @@ def schedule(sch, p: BackpropFilterParams, target, knobs: Knobs | str | None = N
         k_par = sch.sample_categorical(options, [1 / len(options)] * len(options))
     else:
         result = math.prod(int(sch.get(loop).extent) for loop in (kd, ci1, kh, kw, co, ci0))
-        knobs = knobs or default_knobs(p, vector_lanes(target), num_threads(target), result,
-                                       reduction)
+        if not isinstance(knobs, Knobs):
+            h = knobs or Heuristic(vector_lanes(target))
+            knobs = default_knobs(p, h.lanes, num_threads(target), result, reduction,
+                                  int(sch.get(kw).extent), h.split_k)
+        _check_divides(sch, knobs, co, kw, ho)
         co_factors = [knobs.co_par, None, knobs.co_tile]
         kw_factors = [None, knobs.kw_tile]
         ho_factors = [None, knobs.ho_tile or _rows(sch, ho, wo, winograd)]
@@ -162,12 +181,32 @@ def schedule(sch, p: BackpropFilterParams, target, knobs: Knobs | str | None = N
         first = n
         if not winograd:
             fuse_parallel_vectorize(sch, stages.DW_FMAP_PAD, n_parallel=2)
+    # The register tile of the reduction. After ``rfactor`` the split loops' handles name the
+    # loops of the block that adds the partials, not of ``dw_mad_rf``: the tile's loops are
+    # looked up again (annotated through the old handles, the main loop stayed scalar and
+    # LLVM vectorized it with a gather and a scatter per FMA: 5-16x slower).
+    kw_i, co_i, ci0 = sch.get_loops(mad)[-3:]
     sch.vectorize(ci0)
     sch.unroll(co_i)
     sch.unroll(kw_i)
     flatten_init(sch, sch.decompose_reduction(mad, first), int(sch.get(ci0).extent))
     fuse_parallel_vectorize(sch, stages.DW_RES, n_parallel=2)
     return sch
+
+
+def _check_divides(sch, knobs: Knobs, co, kw, ho) -> None:
+    """Fixed tiles must divide their loops: a split that does not leaves a predicate, and
+    ``rfactor`` (split K) drops it from the block that adds the partials, which then reads
+    and writes past its buffers. (``k_par`` need not divide the reduction: every partial is
+    whole, only its own steps are predicated.)"""
+    extents = {"co_par * co_tile": (knobs.co_par * knobs.co_tile, int(sch.get(co).extent)),
+               "kw_tile": (knobs.kw_tile, int(sch.get(kw).extent)),
+               "ho_tile": (knobs.ho_tile or 1, int(sch.get(ho).extent)),
+               "k_par": (knobs.k_par, 0)}  # any k_par >= 1 (0 % k_par == 0)
+    for name, (factor, extent) in extents.items():
+        if factor < 1 or extent % factor:
+            raise ValueError(f"conv3d_backprop_filter: knobs {name} = {factor} must divide "
+                             f"its loop of {extent} iterations, got {knobs}")
 
 
 def _rows(sch, ho, wo, winograd: bool) -> int:

@@ -43,7 +43,9 @@ from tbe_like.params import INPUT_OP, BackpropInputParams
 from tbe_like.target import vector_lanes
 
 from ..common import (
+    HEURISTIC_LANES,
     SAMPLE,
+    Heuristic,
     block_names,
     divisors,
     flatten_init,
@@ -172,13 +174,22 @@ def _schedule_mad(sch, name: str, knobs: Knobs | str, threads: int) -> None:
     flatten_init(sch, sch.decompose_reduction(mad, a), int(sch.get(ci0).extent))
 
 
-@register(INPUT_OP, "llvm")
-def schedule(sch, p: BackpropInputParams, target, knobs: Knobs | str | None = None):
-    """``knobs`` fixes the tile of every reduction (by default each gets its widest fit);
+def candidates(target) -> list[Heuristic]:
+    """What measured selection times: the tiles for either vector width."""
+    del target
+    return [Heuristic(lanes) for lanes in HEURISTIC_LANES]
+
+
+@register(INPUT_OP, "llvm", candidates=candidates)
+def schedule(sch, p: BackpropInputParams, target,
+             knobs: Knobs | Heuristic | str | None = None):
+    """``knobs`` fixes the tile of every reduction (a :class:`Heuristic`, by default the
+    target's vector width, gives each its widest fit for that width);
     ``SAMPLE`` draws each reduction's tile (``sample_categorical`` over ``W_TILES`` columns and
     1 or 2 rows), chunk (``sample_perfect_tile``) and channel unrolling (1 or 16): a search
     space."""
-    lanes = vector_lanes(target)
+    if knobs is None:
+        knobs = Heuristic(vector_lanes(target))
     names = block_names(sch)
     if stages.DX_DY_DILATE in names:
         sch.compute_inline(sch.get_sblock(stages.DX_DY_DILATE))
@@ -192,7 +203,8 @@ def schedule(sch, p: BackpropInputParams, target, knobs: Knobs | str | None = No
     for name in names:
         if name.startswith(stages.DX_MAD):
             height, width, channels = _extents(sch, sch.get_sblock(name))
-            _schedule_mad(sch, name, knobs or default_knobs(p, lanes, width, channels, height),
-                          num_threads(target))
+            fit = (default_knobs(p, knobs.lanes, width, channels, height)
+                   if isinstance(knobs, Heuristic) else knobs)
+            _schedule_mad(sch, name, fit, num_threads(target))
     fuse_parallel_vectorize(sch, stages.DX_RES, n_parallel=2)
     return sch

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from .. import compute, stages
 from .._tvm import IRModule, Target, s_tir, te, tvm
+from ..bounds import compile_checked
 from ..compute import layout as lt
 from ..compute.conv3d_backprop_input import conv3d_forward, result_periods
 from ..groups import GroupInfo, group_info
@@ -32,7 +33,6 @@ from ..params import (
     BackpropInputParams,
     ConvGeometry,
 )
-from ..target import build_config
 
 C0 = 16
 ACC_DTYPE = "float32"
@@ -261,20 +261,26 @@ def schedule(sch, graph: Graph, target: Target, knobs=None):
 def build(graph: Graph, target: Target, output_dir, kernel_name: str, op: str,
           para_dict: dict) -> Kernel:
     """Schedule (the best tuning record, else the rule + layout stages), compile, export."""
-    from ..tune import lookup
+    from ..schedules import candidates
+    from ..tune import lookup, measured_schedule, measuring
 
     func = prim_func(graph)
     sch = lookup(func, target)
-    tuned = sch is not None
-    if not tuned:
+    tuned, selection = sch is not None, None
+    if not tuned and measuring(target):
+        sch, selection = measured_schedule(
+            func, lambda s, knobs: schedule(s, graph, target, knobs),
+            candidates(graph.op, target), target)
+    elif not tuned:
         sch = schedule(s_tir.Schedule(IRModule({"main": func})), graph, target)
     mod = IRModule({"main": sch.mod["main"].with_attr("global_symbol", kernel_name)})
-    with tvm.transform.PassContext(config=build_config(target)):
-        executable = tvm.compile(mod, target=target)
+    executable = compile_checked(mod, target, kernel_name)
     tensors = [*graph.inputs, graph.output]
     specs = [TensorSpec(t.op.name, tuple(int(s) for s in t.shape), str(t.dtype), layout)
              for t, layout in zip(tensors, graph.layouts, strict=True)]
     para = dict(para_dict, workspace_bytes=workspace_bytes(mod), tuned=tuned)
+    if selection is not None:
+        para["selection"] = selection.as_dict()
     return export_kernel(executable, output_dir, kernel_name, op, target, specs[:-1],
                          specs[-1:], para)
 

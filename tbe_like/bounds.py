@@ -1,0 +1,294 @@
+"""A static proof that a scheduled kernel stays inside its buffers.
+
+TVM 0.27's pass option ``tirx.instrument_bound_checkers`` checks nothing in kernels built from
+an ``s_tir`` schedule: its pass only instruments buffers that carry a ``buffer_bound``
+attribute, which the old ``StorageFlatten`` added and ``FlattenBuffer`` does not (an
+``A[i + 10]`` read of a 64-element buffer ran unchecked here). And a schedule can break a
+kernel in ways a NumPy comparison misses: ``rfactor`` of a reduction whose loop was split by a
+factor that does not divide it drops the split's predicate from the block that adds the
+partials, which then read and wrote 2 of 4 Winograd points past their buffers (heap corruption,
+hangs) while the test sometimes passed.
+
+:func:`check_bounds` proves, with TVM's own integer analysis (``tvm.sym.Analyzer``: the loop
+ranges bound, the block predicate and every enclosing ``if_then_else``/``Select`` condition
+as constraints), that
+
+* every block's iterator bindings lie in the iterators' domains, and
+* every buffer index a block body reads or writes lies in the buffer's shape,
+
+and returns a description of each access it cannot prove. Builds call :func:`assert_in_bounds`:
+a schedule that may access memory out of bounds is never compiled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from ._tvm import (
+    LT,
+    And,
+    Call,
+    FloorDiv,
+    TensorLoad,
+    s_tir,
+    structural_walk,
+    sym,
+    tirx,
+    tvm,
+    undefined_vars,
+)
+
+
+class OutOfBoundsError(RuntimeError):
+    """A schedule whose accesses could not be proven to stay inside their buffers."""
+
+
+def _is_true(expr) -> bool:
+    return isinstance(expr, tirx.IntImm) and int(expr.value) == 1
+
+
+class _Checker:
+    def __init__(self, ana):
+        self.ana = ana
+        self.problems: list[str] = []
+        self.facts: list = []  # the conditions in force (predicates, branch conditions)
+
+    @contextlib.contextmanager
+    def given(self, cond):
+        """Analyse under ``cond`` (a block predicate or a branch condition); yields whether
+        the code under it can run at all (a guard that is always false guards a dead
+        branch: Winograd's last tile of a 1-column row reads nothing past it)."""
+        if _is_true(cond):
+            yield True
+            return
+        if self.ana.can_prove(tirx.Not(cond)):
+            yield False
+            return
+        # One simplified constraint per conjunct: the analyzer uses a constraint as it is
+        # stated (under ``... and t*4 + 4 < 8``, t in [0, 2), it did not prove t*4 + 3 < 7;
+        # under ``t < 1`` it did).
+        parts = [self.ana.simplify(part) for part in _conjuncts(cond)]
+        self.facts += parts
+        try:
+            with contextlib.ExitStack() as stack:
+                for part in parts:
+                    stack.enter_context(self.ana.constraint_scope(part))
+                # Parts that contradict each other (``v_t == 1`` and ``v_t < 1``, an odd
+                # column of a tile read only at even ones) leave a variable no value.
+                yield not any(self._empty(var) for var in undefined_vars(cond))
+        finally:
+            del self.facts[-len(parts):]
+
+    # --------------------------------------------------------------- statements
+    def stmt(self, node, ana, block: str) -> None:
+        if isinstance(node, tirx.For):
+            with _bound(ana, node.loop_var, node.min, node.extent):
+                self.stmt(node.body, ana, block)
+        elif isinstance(node, tirx.SeqStmt):
+            for s in node.seq:
+                self.stmt(s, ana, block)
+        elif isinstance(node, s_tir.SBlockRealize):
+            self.realize(node, ana)
+        elif isinstance(node, tirx.IfThenElse):
+            self.expr(node.condition, ana, block)
+            with self.given(node.condition) as live:
+                if live:
+                    self.stmt(node.then_case, ana, block)
+            if node.else_case is not None:
+                with self.given(tirx.Not(node.condition)) as live:
+                    if live:
+                        self.stmt(node.else_case, ana, block)
+        elif isinstance(node, tirx.BufferStore):
+            self.access(node.buffer, node.indices, ana, block, "writes")
+            for index in node.indices:
+                self.expr(index, ana, block)
+            self.expr(node.value, ana, block)
+        elif hasattr(node, "body"):  # LetStmt, AttrStmt, allocations: their body
+            self.stmt(node.body, ana, block)
+        elif isinstance(node, tirx.Evaluate):
+            self.expr(node.value, ana, block)
+
+    def realize(self, realize, ana) -> None:
+        block = realize.block
+        name = block.name_hint
+        pred = realize.predicate
+        with self.given(pred) as live:
+            if not live:
+                return
+            for iv, value in zip(block.iter_vars, realize.iter_values, strict=True):
+                lo, extent = iv.dom.min, iv.dom.extent
+                if not ana.can_prove(tirx.all(value >= lo, value < lo + extent)):
+                    self.problems.append(
+                        f"block {name!r}: iterator {iv.var} = {value} may leave its domain "
+                        f"[{lo}, {lo + extent})")
+            domains = [(iv.var, tvm.ir.Range.from_min_extent(iv.dom.min, iv.dom.extent))
+                       for iv in block.iter_vars]
+            found = self._body(block, ana, domains)
+            if found and not _is_true(pred):
+                # A padded block (CUDA's reindexed tiles) runs only where its predicate holds,
+                # over part of its iterators' domains: its accesses are proven for the
+                # iterators' values, the loop variables' expressions, under the predicate.
+                values = list(zip([iv.var for iv in block.iter_vars], realize.iter_values,
+                                  strict=True))
+                found = self._body(block, ana, values)
+            self.problems += found
+
+    def _body(self, block, ana, bindings) -> list[str]:
+        """The problems of a block's init and body with its iterators bound to ``bindings``
+        (ranges or expressions)."""
+        outer, self.problems = self.problems, []
+        try:
+            for var, value in bindings:
+                ana.bind(var, value, allow_override=True)
+            if block.init is not None:
+                self.stmt(block.init, ana, block.name_hint)
+            self.stmt(block.body, ana, block.name_hint)
+            return self.problems
+        finally:
+            self.problems = outer
+
+    # --------------------------------------------------------------- expressions
+    def expr(self, node, ana, block: str) -> None:
+        if isinstance(node, TensorLoad):
+            self.access(node.source, node.indices, ana, block, "reads")
+            for index in node.indices:
+                self.expr(index, ana, block)
+        elif isinstance(node, Call) and _op_name(node) == "prim.if_then_else":
+            self._branches(node.args[0], node.args[1], node.args[2], ana, block)
+        elif isinstance(node, tirx.Select):
+            self._branches(node.condition, node.true_value, node.false_value, ana, block)
+        else:
+            for child in _children(node):
+                self.expr(child, ana, block)
+
+    def _branches(self, cond, then, other, ana, block) -> None:
+        self.expr(cond, ana, block)
+        with self.given(cond) as live:
+            if live:
+                self.expr(then, ana, block)
+        with self.given(tirx.Not(cond)) as live:
+            if live:
+                self.expr(other, ana, block)
+
+    def _empty(self, var) -> bool:
+        bound = self.ana.const_int_bound(var)
+        return bound.min_value > bound.max_value
+
+    def access(self, buffer, indices, ana, block: str, verb: str) -> None:
+        """``buffer``: the buffer's variable (its type holds the shape)."""
+        for axis, (index, extent) in enumerate(zip(indices, buffer.ty.shape, strict=True)):
+            in_range = tirx.all(index >= 0, index < extent)
+            if not (ana.can_prove(in_range) or self._divided(in_range, index)):
+                self.problems.append(
+                    f"block {block!r} {verb} {buffer.name}[...] with axis {axis} index "
+                    f"{index} that may leave [0, {extent})")
+                return
+
+    def _divided(self, claim, index) -> bool:
+        """``claim`` proven with each fact ``a < b`` also stated as ``a // d < ceil(b / d)``
+        for every constant divisor ``d`` of ``index``: the analyzer does not derive
+        ``c // 16 < 5`` from ``c < 80`` by itself (a padded channel block read under the
+        guard of its channel)."""
+        divisors = set()
+        structural_walk(index, [(FloorDiv, lambda node: divisors.add(node.b))])
+        derived = [FloorDiv(fact.a, d) < -(-fact.b // d) for fact in self._comparisons()
+                   for d in divisors
+                   if isinstance(fact.b, tirx.IntImm) and isinstance(d, tirx.IntImm)]
+        if not derived:
+            return False
+        with self.ana.constraint_scope(tirx.all(*derived)):
+            return self.ana.can_prove(claim)
+
+    def _comparisons(self):
+        """The facts in force of the form ``a < b``."""
+        return [fact for fact in self.facts if isinstance(fact, LT)]
+
+
+class _bound:
+    """Bind ``var`` to ``[min, min + extent)`` for the scope (loop variables are unique)."""
+
+    def __init__(self, ana, var, lo, extent):
+        self.ana, self.var, self.lo, self.extent = ana, var, lo, extent
+
+    def __enter__(self):
+        self.ana.bind(self.var, tvm.ir.Range.from_min_extent(self.lo, self.extent),
+                      allow_override=True)
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _conjuncts(cond) -> list:
+    """The terms of a conjunction (``a and b and c`` -> ``[a, b, c]``)."""
+    todo, found = [cond], []
+    while todo:
+        term = todo.pop()
+        if isinstance(term, And):
+            todo += [term.b, term.a]
+        else:
+            found.append(term)
+    return found
+
+
+def _op_name(call) -> str:
+    op = call.op
+    return str(op.name) if hasattr(op, "name") else ""
+
+
+_LEAVES = (tirx.Var, tirx.IntImm, tirx.FloatImm)
+
+
+def _children(node) -> list:
+    """The sub-expressions of an expression node (not descending into loads, handled above)."""
+    if isinstance(node, _LEAVES) or node is None:
+        return []
+    if isinstance(node, Call):
+        return list(node.args)
+    if isinstance(node, tirx.Cast):
+        return [node.value]
+    if isinstance(node, tirx.Not):
+        return [node.a]
+    if isinstance(node, tirx.Ramp):
+        return [node.base, node.stride]
+    if isinstance(node, tirx.Broadcast):
+        return [node.value]
+    if isinstance(node, tirx.Let):
+        return [node.value, node.body]
+    if hasattr(node, "a") and hasattr(node, "b"):  # binary arithmetic and comparisons
+        return [node.a, node.b]
+    return []
+
+
+def check_bounds(func) -> list[str]:
+    """Every access of a scheduled PrimFunc (``s_tir`` blocks, before lowering) that cannot be
+    proven to stay inside its buffer or its iterator domain; ``[]`` when all are proven."""
+    ana = sym.Analyzer()
+    checker = _Checker(ana)
+    checker.stmt(func.body, ana, "root")
+    return checker.problems
+
+
+def assert_in_bounds(mod, what: str = "kernel") -> None:
+    """Raise :class:`OutOfBoundsError` unless every function of ``mod`` is proven in bounds."""
+    problems = []
+    for gv, func in mod.functions.items():
+        if isinstance(func, tirx.PrimFunc):
+            problems += [f"{gv.name_hint}: {p}" for p in check_bounds(func)]
+    if problems:
+        shown = "\n  ".join(problems[:8])
+        more = f"\n  ... and {len(problems) - 8} more" if len(problems) > 8 else ""
+        raise OutOfBoundsError(f"tbe_like: the schedule of {what} may access memory out of "
+                               f"bounds; not compiled:\n  {shown}{more}")
+
+
+def compile_checked(mod, target, what: str = "kernel"):
+    """``tvm.compile`` of a scheduled module with the pass options of its target
+    (``tbe_like.target.build_config``), after :func:`assert_in_bounds`: every build of
+    tbe_like (DSL, framework operators, tuning candidates, measured selection) goes through
+    here."""
+    from .target import build_config
+
+    assert_in_bounds(mod, what)
+    with tvm.transform.PassContext(config=build_config(target)):
+        return tvm.compile(mod, target=target)

@@ -1,0 +1,233 @@
+"""Every knob set of the CPU rules, built for this machine and checked against NumPy.
+
+The knobs a rule picks depend on the machine (the vector width sets the register tile), the
+shape, and measured selection; a test run that only builds this machine's defaults proves
+nothing about the others (the AVX-512 tile gave wrong results, hangs and aborts while every
+test passed on AVX2). So each case here builds, on whatever x86 CPU runs it:
+
+* both vector widths' heuristics (``Heuristic(8)``, ``Heuristic(16)``), the weight gradient's
+  with split K forced on and off: every candidate measured selection may choose;
+* fixed tiles the defaults rarely pick (1-column tiles, tiles that do not divide W, 2-row
+  tiles, channels not unrolled, small chunks, split K that does not divide the reduction);
+* Winograd F(2,3), F(4,3) and the direct form, where Winograd applies;
+* the precisions (float16, bfloat16, HF32 and bfloat16 rounding of float32);
+* the search space (``knobs=SAMPLE``) at fixed seeds,
+
+on shapes chosen for tails and edges (prime and odd W, Wo = 1, channels that are not
+multiples of 16, groups, depthwise, strides 1-3, dilation). Every build goes through
+``compile_checked``, which proves every access in bounds first (``tbe_like.bounds``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import NP_DTYPES, RTOL, conv3d, round_hf32
+from tbe_like.schedules import Heuristic, candidates
+from tbe_like.schedules.common import SAMPLE
+from tbe_like.schedules.llvm import conv3d_backprop_filter as dw_rule
+from tbe_like.schedules.llvm import conv3d_backprop_input as dx_rule
+
+from tbe_like import stages
+from tbe_like._tvm import IRModule, s_tir, tvm
+from tbe_like.bounds import compile_checked
+from tbe_like.ops import kernels
+from tbe_like.target import host_target
+from tbe_like.testing import reference as ref
+
+TARGET = host_target()
+F32 = kernels.Precision("float32", "float32")
+
+SHAPES = {
+    "w7-prime": conv3d(1, 16, (3, 5, 7), 16, (3, 3, 3)),
+    "w13-cin20-cout24": conv3d(2, 20, (2, 4, 13), 24, (3, 3, 3)),
+    "wo1": conv3d(1, 16, (3, 4, 3), 16, (3, 3, 3), pad=0),
+    "groups3-cin24-cout30": conv3d(1, 24, (2, 5, 6), 30, (3, 3, 3), groups=3),
+    "depthwise": conv3d(1, 16, (3, 5, 6), 16, (3, 3, 3), groups=16),
+    "stride2-w11": conv3d(2, 16, (5, 9, 11), 16, (3, 3, 3), stride=2),
+    "stride3-dil2": conv3d(1, 8, (7, 11, 11), 16, (3, 3, 3), stride=3, pad=2, dil=2),
+    "dilated2": conv3d(1, 16, (3, 6, 9), 16, (3, 3, 3), pad=2, dil=2),
+    "k153-cout1": conv3d(1, 16, (2, 7, 5), 1, (1, 5, 3)),
+}
+
+GRADIENTS = {"grad_weight": kernels.grad_weight, "grad_input": kernels.grad_input}
+WINOGRAD_STAGE = {"grad_weight": stages.DW_WINO_X, "grad_input": stages.DX_WINO_DY}
+
+# Tiles the defaults rarely pick; each must build and compute the same result.
+WEIGHT_TILES = {
+    "tile-1x1": dw_rule.Knobs(co_par=1, co_tile=1, kw_tile=1),
+    "tile-co2-all-columns": "all-columns",
+    "split-k-3": dw_rule.Knobs(co_par=1, co_tile=1, kw_tile=1, k_par=3),  # need not divide
+}
+INPUT_TILES = {
+    "w1": dx_rule.Knobs(w_tile=1),
+    "w3-tail": dx_rule.Knobs(w_tile=3, co_chunk=8),
+    "w5-tail-no-unroll": dx_rule.Knobs(w_tile=5, co_unroll=1),
+    "w16": dx_rule.Knobs(w_tile=16),
+    "h2-w2": dx_rule.Knobs(w_tile=2, h_tile=2, co_chunk=4),
+}
+
+
+def _graph(kind, conv, winograd, prec=F32):
+    return GRADIENTS[kind](conv, prec, winograd=winograd)
+
+
+def _variants(kind, conv):
+    """The distinct graphs of a case: the direct form, and F(2,3) and F(4,3) where they apply."""
+    found = {"direct": False}
+    for m in (2, 4):
+        names = {t.op.name for t in _tensors(_graph(kind, conv, m).output)}
+        if WINOGRAD_STAGE[kind] in names:
+            found[f"F({m},3)"] = m
+    return found
+
+
+def _tensors(tensor):
+    seen, todo = {}, [tensor]
+    while todo:
+        t = todo.pop()
+        if t.op.name not in seen:
+            seen[t.op.name] = t
+            todo += list(t.op.input_tensors)
+    return seen.values()
+
+
+def _knob_sets(kind, graph):
+    """Every heuristic of the rule's candidates, plus the fixed tiles above."""
+    sets = {str(h): h for h in candidates(graph.op, TARGET)}
+    if kind == "grad_input":
+        return {**sets, **INPUT_TILES}
+    for name, knobs in WEIGHT_TILES.items():
+        if knobs == "all-columns":  # 2 channels x every column (kw, or the Winograd points)
+            columns = _weight_columns(graph)
+            knobs = dw_rule.Knobs(co_par=1, co_tile=2 if graph.params.geometry.group.cout_g % 2
+                                  == 0 else 1, kw_tile=columns)
+        sets[name] = knobs
+    return sets
+
+
+def _weight_columns(graph):
+    sch = s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)}))
+    loops = sch.get_loops(sch.get_sblock(stages.DW_MAD))
+    return int(sch.get(loops[4]).extent)
+
+
+def _run(graph, knobs, arrays, seed=None):
+    sch = s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)}),
+                         **({} if seed is None else {"seed": seed}))
+    sch = kernels.schedule(sch, graph, TARGET, knobs)
+    fn = compile_checked(sch.mod, TARGET)["main"]
+    dev = tvm.cpu()
+    out = tvm.runtime.empty([int(v) for v in graph.output.shape], str(graph.output.dtype), dev)
+    fn(*[tvm.runtime.tensor(a, dev) for a in arrays], out)
+    return out.numpy()
+
+
+def _inputs(graph, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal([int(v) for v in t.shape]).astype(NP_DTYPES[str(t.dtype)])
+            for t in graph.inputs]
+
+
+def _expected(kind, conv, arrays):
+    """float64 NumPy reference of the gradient from the (already rounded) inputs."""
+    wide = [a.astype(np.float64) for a in arrays]
+    pads = [conv.pads[0], conv.pads[2], conv.pads[4]]
+    common = dict(stride=list(conv.strides), padding=pads, dilation=list(conv.dilations),
+                  transposed=False, output_padding=[0, 0, 0], groups=conv.groups)
+    if kind == "grad_weight":
+        x, dy = wide
+        return ref.convolution_backward(dy, x, np.zeros(conv.w_shape), **common,
+                                        output_mask=(False, True, False))[1]
+    dy, w = wide
+    return ref.convolution_backward(dy, np.zeros(conv.x_shape), w, **common,
+                                    output_mask=(True, False, False))[0]
+
+
+def _check(got, want, dtype="float32"):
+    scale = max(np.abs(want).max(), 1e-30)
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=0, atol=RTOL[dtype] * scale)
+
+
+@pytest.mark.parametrize("kind", list(GRADIENTS))
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_every_knob_set_matches_reference(shape, kind):
+    conv = SHAPES[shape]
+    failures = []
+    for form, winograd in _variants(kind, conv).items():
+        graph = _graph(kind, conv, winograd)
+        arrays = _inputs(graph)
+        want = _expected(kind, conv, arrays)
+        for name, knobs in _knob_sets(kind, graph).items():
+            try:
+                _check(_run(graph, knobs, arrays), want)
+            except AssertionError as err:
+                failures.append(f"{form} {name}: {str(err).splitlines()[-1]}")
+    assert not failures, "\n".join(failures)
+
+
+PRECISIONS = {
+    "float16": kernels.Precision("float16", "float16"),
+    "bfloat16": kernels.Precision("bfloat16", "bfloat16"),
+    "hf32": kernels.Precision("float32", "float32", hf32=True),
+    "fp32-as-bf16": kernels.Precision("float32", "bfloat16"),
+}
+
+
+@pytest.mark.parametrize("lanes", [8, 16])
+@pytest.mark.parametrize("prec", list(PRECISIONS))
+@pytest.mark.parametrize("kind", list(GRADIENTS))
+def test_every_precision_with_either_width(kind, prec, lanes):
+    """Both widths' tiles on every precision, Winograd on (F(4,3)) and off."""
+    conv = SHAPES["w13-cin20-cout24"]
+    precision = kernels.Precision.on(TARGET, **{
+        k: getattr(PRECISIONS[prec], k) for k in ("dtype", "compute", "hf32")})
+    for winograd in (False, 4):
+        graph = _graph(kind, conv, winograd, precision)
+        arrays = _inputs(graph)
+        got = _run(graph, Heuristic(lanes), arrays)
+        rounded = [_round(a, PRECISIONS[prec]) for a in arrays]
+        _check(got, _expected(kind, conv, rounded), _tolerance(PRECISIONS[prec]))
+
+
+def _round(array, prec):
+    """The operands the kernel multiplies: rounded to the compute precision."""
+    if prec.hf32:
+        return round_hf32(array)
+    return array.astype(NP_DTYPES[prec.compute])
+
+
+def _tolerance(prec):
+    return "float32" if prec.dtype == "float32" else prec.dtype
+
+
+SAMPLED = ["w7-prime", "groups3-cin24-cout30", "stride2-w11", "dilated2"]
+
+
+@pytest.mark.parametrize("seed", [11, 12, 13])
+@pytest.mark.parametrize("kind", list(GRADIENTS))
+@pytest.mark.parametrize("shape", SAMPLED)
+def test_sampled_knobs_match_reference(shape, kind, seed):
+    """What the tuner can draw from the search space, on every form of the graph."""
+    conv = SHAPES[shape]
+    for winograd in _variants(kind, conv).values():
+        graph = _graph(kind, conv, winograd)
+        arrays = _inputs(graph, seed)
+        _check(_run(graph, SAMPLE, arrays, seed=seed), _expected(kind, conv, arrays))
+
+
+def test_candidates_cover_both_widths_and_split_k():
+    weight = candidates(kernels.grad_weight(SHAPES["w7-prime"], F32).op, TARGET)
+    assert {(h.lanes, h.split_k) for h in weight} == {(8, False), (8, True), (16, False),
+                                                      (16, True)}
+    assert {h.lanes for h in candidates(kernels.grad_input(SHAPES["w7-prime"], F32).op,
+                                        TARGET)} == {8, 16}
+
+
+def test_a_tile_that_does_not_divide_its_loop_is_refused():
+    """With split K such a tile left a predicate that ``rfactor`` dropped (reads and writes past
+    the partial sums): fixed weight-gradient tiles must divide their loops."""
+    graph = _graph("grad_weight", SHAPES["w7-prime"], 2)  # 4 Winograd points
+    knobs = dw_rule.Knobs(co_par=1, co_tile=8, kw_tile=3, k_par=2)
+    with pytest.raises(ValueError, match="kw_tile = 3 must divide its loop of 4 iterations"):
+        _run(graph, knobs, _inputs(graph))
