@@ -54,6 +54,7 @@ def main() -> None:
     dsl.build(sch, {"name": kernel_name, "tensor_list": [fmap, dedy, dedw]})
     print(f"built kernel_meta/{kernel_name}.so for {sch.target} in "
           f"{time.perf_counter() - start:.2f} s")
+    print(f"schedule: {sch.describe()}")  # measured on a first build, then the record
     kernel = load_kernel(f"kernel_meta/{kernel_name}.so")  # as another process would
 
     rng = np.random.default_rng(0)

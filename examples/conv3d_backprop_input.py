@@ -34,6 +34,7 @@ def main() -> None:
     dsl.build(sch, {"name": KERNEL_NAME, "tensor_list": [filt, dedy, dedx]})
     print(f"built kernel_meta/{KERNEL_NAME}.so for {sch.target} in "
           f"{time.perf_counter() - start:.2f} s")
+    print(f"schedule: {sch.describe()}")  # measured on a first build, then the record
     kernel = load_kernel(f"kernel_meta/{KERNEL_NAME}.so")
 
     rng = np.random.default_rng(0)

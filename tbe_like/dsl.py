@@ -251,6 +251,15 @@ class Schedule:
     def mod(self) -> IRModule:
         return self.sch.mod
 
+    def describe(self) -> str:
+        """Where the schedule comes from, in words (with what measured selection timed)."""
+        if self.selection is None:
+            return {"record": "a stored tuning record", "rule": "rule"}.get(self.origin,
+                                                                          self.origin)
+        times = ", ".join(f"{k} {v:.3f} ms" for k, v in self.selection["times_ms"].items())
+        return (f"measured in {self.selection['seconds']:.1f} s, chose "
+                f"{self.selection['choice']} ({times}); stored as a record")
+
     def script(self) -> str:
         """The scheduled TensorIR as TVMScript text."""
         return self.sch.mod.script()

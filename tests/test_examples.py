@@ -14,9 +14,12 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 @pytest.mark.parametrize("script", ["conv3d_backprop_filter.py", "conv3d_backprop_input.py"])
 def test_example_runs_and_checks(tmp_path, script):
-    done = subprocess.run([sys.executable, str(EXAMPLES / script)], cwd=tmp_path,
+    """As a user runs it: measured selection on (its record in a private cache folder)."""
+    env = dict(os.environ, TBE_LIKE_CACHE_DIR=str(tmp_path / "cache"), TBE_LIKE_MEASURE="1")
+    done = subprocess.run([sys.executable, str(EXAMPLES / script)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "schedule: measured in" in done.stdout or "schedule: rule" in done.stdout
     assert done.stdout.strip().endswith("OK")
     assert "max abs error" in done.stdout and "kernel time" in done.stdout
     built = sorted(p.suffix for p in (tmp_path / "kernel_meta").iterdir())

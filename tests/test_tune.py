@@ -205,3 +205,72 @@ def test_select_keeps_a_stored_record_only_while_it_beats_the_template(tmp_path,
     else:  # the template's own schedule is not 50% faster than itself
         assert "removed the stored record" in out.getvalue()
         assert (records / "database_tuning_record.json.previous").read_text() == before
+
+
+@pytest.fixture
+def measuring(tmp_path, monkeypatch):
+    """Measured selection on, its records in a private cache folder (and nowhere else)."""
+    monkeypatch.setenv("TBE_LIKE_MEASURE", "1")
+    monkeypatch.setenv("TBE_LIKE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("TBE_LIKE_RECORDS", str(tmp_path / "no-user-records"))
+    return tmp_path
+
+
+@pytest.mark.parametrize("kind", ["grad_weight", "grad_input"])
+def test_measured_selection_stores_the_fastest_candidate(measuring, kind):
+    """A build without a record times the rule's candidates here, keeps the fastest as a
+    record of this workload and target, and the next build replays it without timing."""
+    from tbe_like.cache import cache_dir
+
+    target = host_target()
+    # 24 columns: the two widths' tiles differ (4 and 6 Winograd tiles of a row).
+    conv = kernels.Conv3d(1, 16, 16, (2, 4, 24), (2, 4, 24), (3, 3, 3), (1, 1, 1), (1,) * 6,
+                          (1, 1, 1), 1)
+    graph = graph_of(kind, conv, kernels.Precision("float32", "float32"))
+    func = kernels.prim_func(graph)
+    assert lookup(func, target) is None
+    first = kernels.build(graph, target, measuring / "k1", "first", graph.op, {})
+    selection = first.metadata["para_dict"]["selection"]
+    times = selection["times_ms"]
+    assert len(times) >= 2 and selection["choice"] in times
+    assert times[selection["choice"]] == min(times.values())
+    assert 0 < selection["seconds"] < 60
+    assert (cache_dir() / "records" / "database_tuning_record.json").is_file()
+    assert lookup(func, target) is not None
+    second = kernels.build(graph, target, measuring / "k2", "second", graph.op, {})
+    assert second.metadata["para_dict"]["tuned"] and "selection" not in second.metadata[
+        "para_dict"]
+    rng = np.random.default_rng(5)
+    arrays = [rng.standard_normal([int(v) for v in t.shape]).astype(np.float32)
+              for t in graph.inputs]
+    np.testing.assert_allclose(second(*arrays), first(*arrays), rtol=1e-6, atol=1e-6)
+
+
+def test_measure_0_takes_the_untimed_rule(measuring, monkeypatch):
+    monkeypatch.setenv("TBE_LIKE_MEASURE", "0")
+    graph = graph_of("grad_weight", CONV, kernels.Precision("float32", "float32"))
+    kernel = kernels.build(graph, host_target(), measuring / "k", "untimed", graph.op, {})
+    assert "selection" not in kernel.metadata["para_dict"]
+    assert lookup(kernels.prim_func(graph), host_target()) is None
+
+
+def test_dsl_schedules_say_where_they_come_from(measuring):
+    """``auto_schedule``: measured on the first build, the stored record on the next; the
+    kernel's JSON says which, and what the selection chose."""
+    from tbe_like import dsl
+    from tbe_like import tvm as tbe_tvm
+
+    def build(name):
+        x = tbe_tvm.placeholder((2, 4, 1, 9, 9, 16), name="x", dtype="float32")
+        dy = tbe_tvm.placeholder((2, 2, 1, 4, 4, 16), name="dy", dtype="float32")
+        res = dsl.conv3d_backprop_filter(x, dy, [16, 2, 16, 3, 3], {"strides": [2, 2, 2],
+                                                                      "pads": [0, 0, 0, 0, 0, 0]})
+        sch = dsl.auto_schedule(res)
+        return sch, dsl.build(sch, {"name": name, "tensor_list": [x, dy, res],
+                                    "output_dir": str(measuring / "kernel_meta")})
+
+    sch, kernel = build("measured")
+    assert sch.origin == "measured" and kernel.metadata["para_dict"]["schedule"] == "measured"
+    assert kernel.metadata["para_dict"]["selection"]["choice"].startswith("Heuristic(")
+    sch, kernel = build("replayed")
+    assert sch.origin == "record" and kernel.metadata["para_dict"]["schedule"] == "record"

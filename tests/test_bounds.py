@@ -1,0 +1,81 @@
+"""The static proof that a schedule stays in bounds (``tbe_like.bounds``): it finds what broke
+the AVX-512 kernels, refuses to compile it, and does not refuse the guarded reads that every
+padded stage makes."""
+
+from __future__ import annotations
+
+import pytest
+
+from tbe_like._tvm import IRModule, s_tir, te, tirx
+from tbe_like.bounds import OutOfBoundsError, check_bounds, compile_checked
+from tbe_like.target import host_target
+
+
+def _schedule(*tensors):
+    return s_tir.Schedule(IRModule({"main": te.create_prim_func(list(tensors))}))
+
+
+def _rfactor_after_a_split_that_does_not_divide():
+    """TVM's ``rfactor`` drops the predicate of a split that does not divide its loop from the
+    block that adds the partials: what wrote past the AVX-512 weight gradient's buffers."""
+    a = te.placeholder((4, 8), name="A")
+    k = te.reduce_axis((0, 8), name="k")
+    c = te.compute((4,), lambda i: te.sum(a[i, k], axis=k), name="C")
+    sch = _schedule(a, c)
+    i, kk = sch.get_loops(sch.get_sblock("C"))
+    io, ii = sch.split(i, [None, 3])  # 2 x 3 > 4: predicated
+    ko, ki = sch.split(kk, [2, None])
+    sch.reorder(ko, io, ii, ki)
+    sch.rfactor(ko, 0)
+    return sch
+
+
+def test_finds_the_predicate_that_rfactor_drops():
+    sch = _rfactor_after_a_split_that_does_not_divide()
+    assert check_bounds(sch.mod["main"]) == [
+        "block 'C': iterator v_i = i_0 * 3 + i_1 may leave its domain [0, 4)"]
+
+
+def test_a_schedule_that_may_leave_its_buffers_is_not_compiled():
+    sch = _rfactor_after_a_split_that_does_not_divide()
+    with pytest.raises(OutOfBoundsError, match="may access memory out of bounds; not compiled"):
+        compile_checked(sch.mod, host_target(), "the test kernel")
+
+
+def test_finds_an_unguarded_read_past_the_end():
+    """TVM 0.27's ``tirx.instrument_bound_checkers`` let this read run unchecked."""
+    a = te.placeholder((64,), name="A")
+    b = te.compute((64,), lambda i: a[i + 10] * 2.0, name="B")
+    (problem,) = check_bounds(_schedule(a, b).mod["main"])
+    assert problem.startswith("block 'B' reads A[...] with axis 0 index v_i + 10")
+
+
+def test_guarded_reads_are_proven():
+    """Padding (the read guarded by its range), a padded channel block (``c // 16 < 5`` from
+    ``c < 80``) and a branch whose guard can never hold (a tile's odd column read only at even
+    ones) are all in bounds."""
+    a = te.placeholder((6, 80), name="A")
+    zero = tirx.const(0.0, "float32")
+    pad = te.compute((8, 80), lambda h, c: tirx.if_then_else(
+        tirx.all(h >= 1, h < 7), a[h - 1, c], zero), name="pad")
+    blocks = te.placeholder((5, 16), name="blocks")
+    chan = te.compute((2, 48), lambda g, c: tirx.if_then_else(
+        g * 48 + c < 80, blocks[(g * 48 + c) // 16, c % 16], zero), name="chan")
+    row = te.placeholder((1,), name="row")
+    dead = te.compute((2,), lambda t: tirx.if_then_else(
+        tirx.all(2 <= t * 2 + 1, t * 2 + 1 < 3), row[t * 2 + 1 - 2], zero), name="dead")
+    for tensors in ([a, pad], [blocks, chan], [row, dead]):
+        assert check_bounds(_schedule(*tensors).mod["main"]) == [], tensors[-1].op.name
+
+
+def test_a_predicated_tail_is_proven():
+    """A tile that does not divide its loop (the input gradient's last column tile): the block
+    predicate keeps its iterator in range."""
+    a = te.placeholder((7, 16), name="A")
+    b = te.compute((7, 16), lambda i, j: a[i, j] + 1.0, name="B")
+    sch = _schedule(a, b)
+    i, j = sch.get_loops(sch.get_sblock("B"))
+    sch.split(i, [None, 4])
+    sch.vectorize(j)
+    assert check_bounds(sch.mod["main"]) == []
+    compile_checked(sch.mod, host_target())  # and it builds
