@@ -39,6 +39,8 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Shape:
+    """A convolution of ``len(spatial)`` dimensions (1D, 2D or 3D)."""
+
     name: str
     n: int
     cin: int
@@ -50,6 +52,7 @@ class Shape:
     dilation: int = 1
     groups: int = 1
     dtype: str = "float32"
+    fitted: bool = True  # in the suite the rules were developed and tuned on
 
     def out_spatial(self):
         return tuple((i + 2 * self.pad - self.dilation * (k - 1) - 1) // self.stride + 1
@@ -70,6 +73,18 @@ SUITE = [
     Shape("dilated2", 2, 32, (16, 32, 32), 32, (3, 3, 3), 1, 2, dilation=2),
     Shape("resnet3d-56-bf16", 2, 64, (16, 56, 56), 128, (3, 3, 3), 1, 1, dtype="bfloat16"),
     Shape("resnet3d-56-fp16", 2, 64, (16, 56, 56), 128, (3, 3, 3), 1, 1, dtype="float16"),
+]
+# Layers the rules were not fitted to: odd and prime sizes, small and large channel counts,
+# stride 2 without padding, 1D and 2D.
+WIDENED = [
+    Shape("s2-nopad-72", 16, 16, (8, 72, 72), 16, (2, 3, 3), 2, 0, fitted=False),
+    Shape("odd-37-c48", 2, 48, (8, 37, 37), 48, (3, 3, 3), 1, 1, fitted=False),
+    Shape("s2-nopad-23-c48", 4, 48, (9, 23, 23), 64, (3, 3, 3), 2, 0, fitted=False),
+    Shape("small-c8", 4, 8, (16, 32, 32), 8, (3, 3, 3), 1, 1, fitted=False),
+    Shape("wide-c256", 1, 256, (8, 14, 14), 256, (3, 3, 3), 1, 1, fitted=False),
+    Shape("2d-c64-56", 8, 64, (56, 56), 64, (3, 3), 1, 1, fitted=False),
+    Shape("2d-s2-55", 8, 32, (55, 55), 64, (3, 3), 2, 0, fitted=False),
+    Shape("1d-c64-k5", 8, 64, (1000,), 64, (5,), 1, 2, fitted=False),
 ]
 QUICK = [Shape("quick", 2, 32, (8, 28, 28), 32, (3, 3, 3), 1, 1)]
 
@@ -177,8 +192,10 @@ def run(shapes, repeat: int, budget: float, torch_limit: float, threads: int
         x = rng.standard_normal((s.n, s.cin, *s.spatial)).astype(dt)
         w = rng.standard_normal((s.cout, s.cin // s.groups, *s.kernel)).astype(dt)
         go = rng.standard_normal((s.n, s.cout, *s.out_spatial())).astype(dt)
-        params = dict(stride=[s.stride] * 3, padding=[s.pad] * 3, dilation=[s.dilation] * 3,
-                      transposed=False, output_padding=[0, 0, 0], groups=s.groups)
+        nd = len(s.spatial)
+        params = dict(stride=[s.stride] * nd, padding=[s.pad] * nd,
+                      dilation=[s.dilation] * nd, transposed=False, output_padding=[0] * nd,
+                      groups=s.groups)
         tdt = getattr(torch, s.dtype)  # the dtype names are torch's too
         tx = torch.from_numpy(x.astype(np.float32)).to(tdt)
         tw = torch.from_numpy(w.astype(np.float32)).to(tdt)
@@ -192,7 +209,7 @@ def run(shapes, repeat: int, budget: float, torch_limit: float, threads: int
             args = (go, w) if grad == "input" else (x, go)
             torch_call = functools.partial(
                 torch.ops.aten.convolution_backward, tgo, tx, tw, None, params["stride"],
-                params["padding"], params["dilation"], False, [0, 0, 0], s.groups, list(mask))
+                params["padding"], params["dilation"], False, [0] * nd, s.groups, list(mask))
 
             t0 = time.perf_counter()
             torch_call()
@@ -214,7 +231,9 @@ def run(shapes, repeat: int, budget: float, torch_limit: float, threads: int
             of_peak = statistics.median(gf * t[-1] / (peak_gflop * t[0]) for t in timed)
             peak = statistics.median(peak_gflop / t[-1] for t in timed)
             tuned = bool(kernel.metadata["para_dict"].get("tuned"))
+            selection = kernel.metadata["para_dict"].get("selection")
             rows.append({"shape": s.name, "gradient": grad, "dtype": s.dtype, "tuned": tuned,
+                         "fitted": s.fitted, "selection": selection,
                          "gflop": round(gf, 2), "compile_s": round(compile_s, 2),
                          "tbe_like_ms": round(ours * 1e3, 2), "torch_ms": round(theirs * 1e3, 2),
                          "tbe_like_gflops": round(gf / ours, 1),
@@ -229,9 +248,85 @@ def run(shapes, repeat: int, budget: float, torch_limit: float, threads: int
                   f"{r['tbe_like_gflops']:8.1f} {r['torch_ms']:10.2f} {r['torch_gflops']:8.1f} "
                   f"{r['ratio']:6.2f} {f'{low:.2f}-{high:.2f}':>11} {len(timed):6} "
                   f"{100 * of_peak:5.0f}% {r['compile_s']:7.2f} "
-                  f"{'yes' if tuned else 'no':>5}",
+                  f"{_schedule_of(r):>9}",
                   flush=True)
     return rows, runners
+
+
+def _schedule_of(row: dict) -> str:
+    """The table's schedule column: a shipped/stored record, or the heuristic that measured
+    selection chose (``L16``: the 16-lane tiles; ``+K``: split K), or the untimed rule."""
+    if row["tuned"]:
+        return "record"
+    selection = row["selection"]
+    if not selection:
+        return "rule"
+    choice = selection["choice"]  # "Heuristic(lanes=16, split_k=True)"
+    lanes = choice.split("lanes=")[1].split(",")[0].rstrip(")")
+    return f"L{lanes}" + ("+K" if "split_k=True" in choice else "")
+
+
+def host_description() -> dict:
+    """The machine a table was measured on: CPU model, LLVM ``mcpu``, vector width."""
+    from tbe_like.target import host_cpu, host_cpu_flags, host_target, vector_lanes
+
+    model = "unknown"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f
+                          if line.startswith("model name")), model)
+    except OSError:
+        pass
+    flags = host_cpu_flags()
+    return {"cpu": model, "mcpu": host_cpu(), "vector_bits": 32 * vector_lanes(host_target()),
+            "features": sorted(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile")
+                               if f in flags)}
+
+
+def width_rows(shapes, repeat: int, budget: float) -> list[dict]:
+    """Each gradient's kernel with the 16-lane (AVX-512) heuristic tiles against the 8-lane
+    (AVX2) ones, both compiled for this CPU and timed side by side: on an AVX-512 machine the
+    wider tiles must not be slower (they were 5-16x slower for the weight gradient)."""
+    from tbe_like.schedules import Heuristic
+
+    from tbe_like._tvm import IRModule, s_tir, tvm
+    from tbe_like.bounds import compile_checked
+    from tbe_like.kernel import _numpy_dtype
+    from tbe_like.ops import kernels
+    from tbe_like.ops.convolution_backward import graph_of
+    from tbe_like.target import host_target
+
+    target, out = host_target(), []
+    for s in shapes:
+        nd = len(s.spatial)
+        pad3 = (0, 0) * (3 - nd) + (s.pad, s.pad) * nd
+        spatial = (1,) * (3 - nd) + tuple(s.spatial)
+        conv = kernels.Conv3d(s.n, s.cin, s.cout, spatial, (1,) * (3 - nd) + s.out_spatial(),
+                              (1,) * (3 - nd) + tuple(s.kernel), (1,) * (3 - nd) +
+                              (s.stride,) * nd, pad3, (1,) * (3 - nd) + (s.dilation,) * nd,
+                              s.groups)
+        for grad in ("weight", "input"):
+            graph = graph_of("grad_" + grad, conv, kernels.Precision(s.dtype, s.dtype))
+            rng = np.random.default_rng(0)
+            dev = tvm.cpu()
+            args = [tvm.runtime.tensor(rng.standard_normal([int(v) for v in t.shape]).astype(
+                _numpy_dtype(s.dtype)), dev) for t in graph.inputs]
+            res = tvm.runtime.empty([int(v) for v in graph.output.shape],
+                                    str(graph.output.dtype), dev)
+            calls = []
+            for lanes in (16, 8):
+                sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(
+                    graph)})), graph, target, Heuristic(lanes))
+                fn = compile_checked(sch.mod, target)["main"]
+                calls.append(functools.partial(fn, *args, res))
+            wide, narrow, ratio = _side_by_side(calls[0], calls[1], repeat, budget)
+            out.append({"shape": s.name, "gradient": grad, "lanes16_ms": round(wide * 1e3, 2),
+                        "lanes8_ms": round(narrow * 1e3, 2), "lanes8_over_lanes16": round(
+                            ratio, 2)})
+            r = out[-1]
+            print(f"{s.name:18} {grad:6} {r['lanes16_ms']:10.2f} {r['lanes8_ms']:10.2f} "
+                  f"{r['lanes8_over_lanes16']:8.2f}", flush=True)
+    return out
 
 
 def _half_over_single(rows: list[dict], runners: dict, repeat: int, budget: float) -> dict:
@@ -268,9 +363,19 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default="bench_cpu.json")
     ap.add_argument("--untuned", action="store_true",
                     help="ignore every tuning record (TBE_LIKE_TUNED=0): the default templates")
+    ap.add_argument("--fitted-only", action="store_true",
+                    help="only the suite the rules were fitted to (not the widened layers)")
+    ap.add_argument("--widths", action="store_true",
+                    help="also time each kernel's 16-lane tiles against its 8-lane tiles")
     args = ap.parse_args(argv)
     if args.untuned:
         os.environ["TBE_LIKE_TUNED"] = "0"
+    # Measured selection's records go to a fresh folder: every build is a first build here,
+    # so "build s" includes the time the selection adds (records shipped with the package
+    # still apply).
+    import tempfile
+
+    os.environ["TBE_LIKE_CACHE_DIR"] = tempfile.mkdtemp(prefix="tbe_like_bench_cache_")
     try:
         import torch
     except ImportError:
@@ -281,36 +386,53 @@ def main(argv=None) -> int:
 
     threads = cpu_count()
     torch.set_num_threads(threads)
-    shapes = QUICK if args.quick else SUITE
+    shapes = QUICK if args.quick else SUITE + ([] if args.fitted_only else WIDENED)
     if args.only:
         shapes = [s for s in shapes if s.name in args.only]
+    host = host_description()
+    print(f"host: {host['cpu']} | LLVM mcpu {host['mcpu']} | {host['vector_bits']}-bit vectors "
+          f"| {' '.join(host['features'])} | {platform.machine()}")
     print(f"threads: tbe_like TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS')}, torch "
-          f"{torch.get_num_threads()} | torch {torch.__version__} | {platform.processor() or ''}"
-          f" {platform.machine()}")
+          f"{torch.get_num_threads()} | torch {torch.__version__}")
     print(f"{'shape':18} {'grad':6} {'dtype':8} {'tbe ms':>10} {'tbe GF/s':>8} {'torch ms':>10} "
           f"{'torch GF/s':>8} {'ratio':>6} {'quartiles':>11} {'rounds':>6} {'%peak':>6} "
-          f"{'build s':>7} {'tuned':>5}")
+          f"{'build s':>7} {'schedule':>9}")
     rows, runners = run(shapes, args.repeat, args.budget, args.torch_limit, threads)
     peaks = [r["peak_gflops"] for r in rows]
     print(f"%peak: tbe_like's GFLOP/s over the float32 FMA peak timed in the same rounds "
           f"(fma_peak; median {statistics.median(peaks):.0f} GFLOP/s, {min(peaks):.0f} to "
           f"{max(peaks):.0f} over the rows). Winograd kernels count the direct form's flops.")
+    print("schedule: L8/L16 the 8- or 16-lane heuristic that measured selection chose (+K: "
+          "split K), record: a stored tuning record, rule: the untimed rule; build s includes "
+          "the selection")
     summary = {}
     for grad in ("weight", "input"):
-        # Over the issue's suite; the float16 row is there for the float16/float32 check.
-        ratios = [r["ratio"] for r in rows if r["gradient"] == grad and r["dtype"] != "float16"]
-        if ratios:
-            summary[grad] = round(math.exp(statistics.mean(math.log(v) for v in ratios)), 2)
-            print(f"geometric mean torch/tbe_like, {grad} gradient: {summary[grad]:.2f}")
+        for label, keep in (("float32, every layer", lambda r: r["dtype"] == "float32"),
+                            ("float32, fitted suite", lambda r: r["dtype"] == "float32"
+                             and r["fitted"]),
+                            ("float32, widened layers", lambda r: r["dtype"] == "float32"
+                             and not r["fitted"])):
+            ratios = [r["ratio"] for r in rows if r["gradient"] == grad and keep(r)]
+            if ratios:
+                mean = round(math.exp(statistics.mean(math.log(v) for v in ratios)), 2)
+                summary.setdefault(grad, {})[label] = mean
+                print(f"geometric mean torch/tbe_like, {grad} gradient, {label}: {mean:.2f} "
+                      f"(lowest {min(ratios):.2f}, {len(ratios)} layers)")
     half = _half_over_single(rows, runners, args.repeat, args.budget)
     for grad, value in half.items():
         print(f"tbe_like float16 time / float32 time, {grad} gradient ({value['shape']}, timed "
               f"side by side: {value['float16_ms']:.2f} / {value['float32_ms']:.2f} ms): "
               f"{value['ratio']:.2f}")
+    widths = []
+    if args.widths:
+        print(f"\n{'shape':18} {'grad':6} {'16-lane ms':>10} {'8-lane ms':>10} {'8 / 16':>8}  "
+              f"(the rule's two heuristics, both compiled for {host['mcpu']})")
+        widths = width_rows([s for s in shapes if s.dtype == "float32"], args.repeat,
+                            args.budget)
     with open(args.json, "w") as f:
-        json.dump({"threads": threads, "torch": torch.__version__, "untuned": args.untuned,
-                   "rows": rows,
-                   "geomean_ratio": summary, "float16_over_float32": half}, f, indent=2)
+        json.dump({"host": host, "threads": threads, "torch": torch.__version__,
+                   "untuned": args.untuned, "rows": rows, "geomean_ratio": summary,
+                   "float16_over_float32": half, "widths": widths}, f, indent=2)
     print(f"wrote {args.json}")
     return 0
 

@@ -171,6 +171,9 @@ class _Checker:
                 self.expr(other, ana, block)
 
     def _empty(self, var) -> bool:
+        """Whether the constraints in force leave the integer ``var`` no value."""
+        if not str(getattr(var.ty, "dtype", "")).startswith(("int", "uint")):
+            return False  # a float or handle variable (e.g. bfloat16 rounding's bits)
         bound = self.ana.const_int_bound(var)
         return bound.min_value > bound.max_value
 

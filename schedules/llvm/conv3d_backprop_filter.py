@@ -46,11 +46,14 @@ from ..common import (
 )
 from ..registry import register
 
-# Vector registers an x86 core can give to accumulators, leaving room for loads and broadcasts:
-# 24 of the 32 zmm registers with AVX-512 (16 fp32 lanes). With 16 ymm/xmm registers a 12-register
-# tile (2 co x 3 kw x 2 vectors) spilled inside the wo loop and ran at 129 GFLOP/s on the
-# ResNet3D layer here (AVX2, 2 cores); 8 (4 co x 2 vectors) ran at 187.
-ACC_REGS = {16: 24, 8: 8, 4: 8}
+# Vector registers of an x86 core by fp32 lanes per register: 32 zmm with AVX-512, 16 ymm/xmm.
+# A tile of co x kw C0-vectors needs its accumulators, the co broadcasts of dy and the kw
+# vectors of x in registers at once. With 16 ymm registers a 2 co x 3 kw tile (12 accumulators
+# + 2 + 6) spilled inside the wo loop and ran at 129 GFLOP/s on the ResNet3D layer (AVX2, 2
+# cores); 4 co x 1 kw (8 + 4 + 2) ran at 187. With 32 zmm registers 8 co x 3 kw (24 + 8 + 3)
+# kept one accumulator on the stack, and ran 17% slower than 4 x 3 (12 + 4 + 3) on a stride-2
+# layer (Zen 4).
+REGISTERS = {16: 32, 8: 16, 4: 16}
 # Parallel chunks per thread: 2 iterations on 2 threads ran at one thread's speed here.
 CHUNKS_PER_THREAD = 2
 
@@ -92,9 +95,9 @@ def default_knobs(p: BackpropFilterParams, lanes: int, threads: int, result_elem
     it: ``rfactor`` drops a split's predicate from the block that adds the partials).
     ``split_k`` forces split K on or off (``None``: as above)."""
     geo, g = p.geometry, p.geometry.group
-    budget = ACC_REGS.get(lanes, 8) // max(1, geo.c0 // lanes)
+    vectors = max(1, geo.c0 // lanes)  # registers per C0 vector
     tiles = [(co, kw) for kw in divisors(columns) for co in divisors(g.cout_g)
-             if co * kw <= budget and co <= 8]
+             if (co * kw + kw) * vectors + co <= REGISTERS.get(lanes, 16) and co <= 8]
     co_tile, kw_tile = max(tiles, key=lambda t: (t[0] * t[1], t[0]))
     chunks = [c for c in divisors(g.cout_g // co_tile)]
     want = -(-CHUNKS_PER_THREAD * threads // g.real_g)
