@@ -206,7 +206,9 @@ def run(shapes, repeat: int, budget: float, torch_limit: float, threads: int
                                                   cache=cache, **params)
             compile_s = time.perf_counter() - t0
             kernel = ex.kernels["grad_" + grad]
-            args = (go, w) if grad == "input" else (x, go)
+            # 1D and 2D run through the 3D core: the kernel takes unit leading spatial axes.
+            args = tuple(a.reshape(spec.shape) for a, spec in zip(
+                (go, w) if grad == "input" else (x, go), kernel.inputs, strict=True))
             torch_call = functools.partial(
                 torch.ops.aten.convolution_backward, tgo, tx, tw, None, params["stride"],
                 params["padding"], params["dilation"], False, [0] * nd, s.groups, list(mask))

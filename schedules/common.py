@@ -34,6 +34,22 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+# The widest vector a loop is vectorized into: a 1D layer's 1000-column output row as one
+# 1000-lane vector kept LLVM busy for more than 5 minutes.
+MAX_VECTOR_LANES = 64
+
+
+def vectorize(sch, loop) -> None:
+    """Vectorize ``loop``; a loop longer than ``MAX_VECTOR_LANES`` is split first, by its largest
+    divisor up to that (a multiple of 16 preferred), else by 16 with a predicated tail."""
+    extent = int(sch.get(loop).extent)
+    if extent > MAX_VECTOR_LANES:
+        fits = [d for d in divisors(extent) if 16 <= d <= MAX_VECTOR_LANES]
+        width = max(fits, key=lambda d: (d % 16 == 0, d)) if fits else 16
+        _, loop = sch.split(loop, [None, width])
+    sch.vectorize(loop)
+
+
 def fuse_parallel_vectorize(sch, block_name: str, n_parallel: int):
     """Fuse the outer ``n_parallel`` loops of a block into one parallel loop; vectorize the last.
 
@@ -45,7 +61,7 @@ def fuse_parallel_vectorize(sch, block_name: str, n_parallel: int):
     n_parallel = min(n_parallel, len(loops) - 1)
     if n_parallel > 0:
         sch.parallel(sch.fuse(*loops[:n_parallel]))
-    sch.vectorize(loops[-1])
+    vectorize(sch, loops[-1])
     return block
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from tbe_like import stages
 from tbe_like._tvm import s_tir
 
-from .common import block_names, fuse_parallel_vectorize
+from .common import block_names, fuse_parallel_vectorize, vectorize
 
 _REDUCE = 2  # IterVar.CommReduce
 
@@ -90,7 +90,7 @@ def _unpack_rows(sch, block, period: int) -> None:
     sch.reorder(n, d, h, c, w)
     row = sch.fuse(n, d, h)
     sch.parallel(row)
-    sch.vectorize(w)
+    vectorize(sch, w)
     sch.compute_at(producer, row)
     *_, cols, c0 = sch.get_loops(producer)
     if period > 1 and width % period == 0:

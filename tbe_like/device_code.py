@@ -7,10 +7,14 @@ its PTX, which the driver compiles for newer GPUs.
 
 ``export_library`` does this inside TVM's own ``export_library``: the imported modules are
 serialized as usual (``ModulePackImportsToTensor``), then the CUDA module's payload
-``[format "cuda"][function table][source]`` is rewritten as ``[format "fatbin"][function
+``[format][function table][code]`` is rewritten as ``[format "fatbin"][function
 table][fatbin]`` (the layout TVM's CUDA module writes and reads for compiled code) and packed
-into the library as TVM would have packed the original. Anything unexpected in the layout stops
-the build rather than producing a library without device code.
+into the library as TVM would have packed the original. What TVM's codegen left in the payload
+depends on the machine: the CUDA source (format ``cuda``) where no CUDA driver is present, code
+compiled by its ``tvm_callback_cuda_compile`` (NVRTC or nvcc: ``cubin``, ``ptx``, ``fatbin``)
+where one is. Whichever it is, the library gets the same nvcc fatbin of the same source.
+Anything unexpected in the layout stops the build rather than producing a library without
+device code.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from ._tvm import Target, nvcc, tvm_runtime
 from .target import cuda_sm
 
 DEVICE_FORMAT = "fatbin"
+# The payload formats TVM's CUDA module may hold: source, and compiled code of each kind.
+PAYLOAD_FORMATS = (b"cuda", b"cubin", b"fatbin", b"ptx")
 _U64 = struct.Struct("<Q")
 _HOST_KIND = "_lib"  # the import tree's entry for the host library itself (no payload)
 
@@ -71,8 +77,15 @@ def _pack(data: bytes) -> bytes:
     return _U64.pack(len(data)) + data
 
 
-def embed_binary(blob: bytes, source: str, binary: bytes) -> bytes:
-    """The import blob with the CUDA module's source replaced by ``binary``."""
+def embed_binary(blob: bytes, binary: bytes) -> bytes:
+    """The import blob with the CUDA module's code (source or compiled) replaced by
+    ``binary``."""
+    return map_cuda_payload(blob, lambda payload: _replace_code(payload, binary))
+
+
+def map_cuda_payload(blob: bytes, change) -> bytes:
+    """The import blob (``ModulePackImportsToTensor``) with its one CUDA module's payload
+    replaced by ``change(payload)``."""
     total, pos = _read(blob, 0)
     if total != len(blob) - 8:
         raise DeviceCodeError("unexpected TVM module blob size")
@@ -88,7 +101,7 @@ def embed_binary(blob: bytes, source: str, binary: bytes) -> bytes:
             continue
         payload, pos = _read_bytes(blob, pos)
         if kind == b"cuda":
-            payload = _replace_source(payload, source, binary)
+            payload = change(payload)
             patched += 1
         out.append(_pack(payload))
     if pos != len(blob) or patched != 1:
@@ -97,14 +110,47 @@ def embed_binary(blob: bytes, source: str, binary: bytes) -> bytes:
     return _U64.pack(len(body)) + body
 
 
-def _replace_source(payload: bytes, source: str, binary: bytes) -> bytes:
-    fmt, pos = _read_bytes(payload, 0)
-    code = source.encode()
-    tail = _pack(code)
-    if fmt != b"cuda" or not payload.endswith(tail):
+def split_payload(payload: bytes) -> tuple[bytes, bytes, bytes]:
+    """A CUDA module payload as (format, function table, code)."""
+    fmt, start = _read_bytes(payload, 0)
+    if fmt not in PAYLOAD_FORMATS:
         raise DeviceCodeError(f"unexpected CUDA module payload (format {fmt!r})")
-    table = payload[pos:len(payload) - len(tail)]
-    return _pack(DEVICE_FORMAT.encode()) + table + _pack(binary)
+    end = _function_table_end(payload, start)
+    code, last = _read_bytes(payload, end)
+    if last != len(payload):
+        raise DeviceCodeError(f"unexpected CUDA module payload layout (format {fmt!r})")
+    return fmt, payload[start:end], code
+
+
+def make_payload(fmt: bytes, table: bytes, code: bytes) -> bytes:
+    return _pack(fmt) + table + _pack(code)
+
+
+def _replace_code(payload: bytes, binary: bytes) -> bytes:
+    """``[format][function table][code]`` -> ``[fatbin][function table][binary]``."""
+    _, table, _ = split_payload(payload)
+    return make_payload(DEVICE_FORMAT.encode(), table, binary)
+
+
+def _function_table_end(payload: bytes, pos: int) -> int:
+    """Where the CUDA module's function table that starts at ``pos`` ends: a count, then per
+    kernel its name and ``FunctionInfo`` (name, argument dtypes of 4 bytes, launch parameter
+    tags, argument extra tags of 4 bytes), TVM's ``support::Stream`` encoding (lengths as
+    little-endian u64)."""
+    count, pos = _read(payload, pos)
+    for _ in range(count):
+        _, pos = _read_bytes(payload, pos)  # the map's key
+        _, pos = _read_bytes(payload, pos)  # FunctionInfo.name
+        n, pos = _read(payload, pos)
+        pos += 4 * n  # arg_types: DLDataType (code u8, bits u8, lanes u16)
+        n, pos = _read(payload, pos)
+        for _ in range(n):
+            _, pos = _read_bytes(payload, pos)  # launch_param_tags
+        n, pos = _read(payload, pos)
+        pos += 4 * n  # arg_extra_tags
+    if pos > len(payload):
+        raise DeviceCodeError("truncated CUDA module function table")
+    return pos
 
 
 def _c_source(template: str, blob: bytes) -> str:
@@ -125,16 +171,21 @@ def export_library(executable: Any, path: str, target: Target) -> dict:
     binary = compile_fatbin(source, target)
 
     def pack_imports(mod, is_system_lib, prefix, workspace_dir):
-        blob = bytes(tvm_runtime._ffi_api.ModulePackImportsToTensor(mod).numpy().tobytes())
+        blob = packed_imports(mod)
         template = tvm_runtime._ffi_api.ModulePackImportsToC(mod, is_system_lib, prefix)
         c_path = os.path.join(workspace_dir, f"{prefix}devc.c")
         with open(c_path, "w", encoding="utf-8") as f:
-            f.write(_c_source(template, embed_binary(blob, source, binary)))
+            f.write(_c_source(template, embed_binary(blob, binary)))
         return c_path
 
     module.export_library(path, fpack_imports=pack_imports)
     return {"format": DEVICE_FORMAT, "arch": f"sm_{cuda_sm(target)}", "bytes": len(binary),
             "sha256": hashlib.sha256(binary).hexdigest()}
+
+
+def packed_imports(module: Any) -> bytes:
+    """TVM's serialization of a module's imports (what ``export_library`` embeds)."""
+    return bytes(tvm_runtime._ffi_api.ModulePackImportsToTensor(module).numpy().tobytes())
 
 
 def cuda_present() -> bool:

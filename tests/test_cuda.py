@@ -20,8 +20,8 @@ from conftest import NP_DTYPES, msg
 from tbe_like.schedules import cuda as cuda_rules
 from tbe_like.schedules import registry
 
-from tbe_like import KernelLoadError, dsl, layout, load_kernel, tvm
-from tbe_like._tvm import IRModule, Target, s_tir, structural_walk, te, tirx
+from tbe_like import KernelLoadError, device_code, dsl, layout, load_kernel, tvm
+from tbe_like._tvm import IRModule, Target, nvcc, s_tir, structural_walk, te, tirx, tvm_runtime
 from tbe_like._tvm import tvm as apache_tvm
 from tbe_like.device_code import cuda_present
 from tbe_like.kernel import read_metadata
@@ -375,6 +375,61 @@ def test_build_embeds_compiled_device_code(cuda_kernel, kernel_dir, op, name, dt
 def test_reordered_tensor_list_replays_the_cuda_schedule(cuda_kernel):
     kernel = cuda_kernel("filter", "seed000-small", "float16", "sm_80", reorder=True)
     assert [t.name for t in kernel.inputs] == ["dy", "x"]
+
+
+def _compiled_by_tvm(payload: bytes, fmt: str, arch: str) -> bytes:
+    """The CUDA payload a build on a GPU machine holds: TVM's codegen compiled the source
+    itself (``tvm_callback_cuda_compile``), keeping the same function table."""
+    kind, table, source = device_code.split_payload(payload)
+    assert kind == b"cuda"  # what a machine without a CUDA driver (this one) produces
+    sm = arch.split("_")[1]
+    with Target({"kind": "cuda", "arch": arch}):
+        code = nvcc.compile_cuda(source.decode(), target_format=fmt, compiler="nvcc",
+                                 arch=["-gencode", f"arch=compute_{sm},code=sm_{sm}"]
+                                 if fmt == "cubin" else [f"-arch=compute_{sm}"])
+    return device_code.make_payload(fmt.encode(), table, bytes(code))
+
+
+@pytest.mark.parametrize("fmt", ["cubin", "ptx"])
+def test_build_works_whatever_code_tvm_left_in_the_module(monkeypatch, tmp_path, fmt):
+    """On a GPU machine the module holds code TVM compiled (``cubin``: every CUDA build there
+    failed with 'unexpected CUDA module payload'); the library must still get the nvcc fatbin
+    of the same source, and say so."""
+    pack = tvm_runtime._ffi_api.ModulePackImportsToTensor
+    seen = []
+
+    def on_a_gpu_machine(module):
+        blob = bytes(pack(module).numpy().tobytes())
+        changed = device_code.map_cuda_payload(
+            blob, lambda payload: _compiled_by_tvm(payload, fmt, "sm_80"))
+        seen.append(device_code.split_payload(_cuda_payload(changed))[0])
+        return SimpleNamespace(numpy=lambda: np.frombuffer(changed, np.uint8))
+
+    monkeypatch.setattr(tvm_runtime._ffi_api, "ModulePackImportsToTensor", on_a_gpu_machine)
+    embedded = []
+    embed = device_code.embed_binary
+    monkeypatch.setattr(device_code, "embed_binary",
+                        lambda blob, binary: embedded.append(embed(blob, binary)) or embedded[-1])
+    conv = CONVS["seed000-small"]
+    inputs, res = replace(conv, dtype="float16").filter_op()
+    sch = dsl.auto_schedule(res, target={"kind": "cuda", "arch": "sm_80"})
+    kernel = dsl.build(sch, {"name": f"from_{fmt}", "tensor_list": [*inputs, res],
+                             "output_dir": str(tmp_path)})
+    assert seen == [fmt.encode()]
+    meta = json.loads((tmp_path / f"{kernel.name}.json").read_text())
+    assert meta["device_code"]["format"] == "fatbin" and meta["device_code"]["arch"] == "sm_80"
+    (blob,) = embedded
+    kind, _, code = device_code.split_payload(_cuda_payload(blob))
+    assert kind == b"fatbin" and code.startswith(FATBIN_MAGIC)
+    assert hashlib.sha256(code).hexdigest() == meta["device_code"]["sha256"]
+    data = (tmp_path / f"{kernel.name}.so").read_bytes()
+    assert code[:4096] in data and b"__global__" not in data
+
+
+def _cuda_payload(blob: bytes) -> bytes:
+    found = []
+    device_code.map_cuda_payload(blob, lambda payload: found.append(payload) or payload)
+    return found[0]
 
 
 @pytest.mark.skipif(cuda_present(), reason="a CUDA device is present")

@@ -24,12 +24,12 @@ import numpy as np
 import pytest
 from conftest import NP_DTYPES, RTOL, conv3d, round_hf32
 from tbe_like.schedules import Heuristic, candidates
-from tbe_like.schedules.common import SAMPLE
+from tbe_like.schedules.common import MAX_VECTOR_LANES, SAMPLE
 from tbe_like.schedules.llvm import conv3d_backprop_filter as dw_rule
 from tbe_like.schedules.llvm import conv3d_backprop_input as dx_rule
 
 from tbe_like import stages
-from tbe_like._tvm import IRModule, s_tir, tvm
+from tbe_like._tvm import IRModule, s_tir, structural_walk, tirx, tvm
 from tbe_like.bounds import compile_checked
 from tbe_like.ops import kernels
 from tbe_like.target import host_target
@@ -48,6 +48,9 @@ SHAPES = {
     "stride3-dil2": conv3d(1, 8, (7, 11, 11), 16, (3, 3, 3), stride=3, pad=2, dil=2),
     "dilated2": conv3d(1, 16, (3, 6, 9), 16, (3, 3, 3), pad=2, dil=2),
     "k153-cout1": conv3d(1, 16, (2, 7, 5), 1, (1, 5, 3)),
+    # A 1D layer's long row (its output row was one 1000-lane vector: minutes in LLVM).
+    "1d-w1000-k5": kernels.Conv3d(1, 16, 16, (1, 1, 1000), (1, 1, 1000), (1, 1, 5), (1, 1, 1),
+                                  (0, 0, 0, 0, 2, 2), (1, 1, 1), 1),
 }
 
 GRADIENTS = {"grad_weight": kernels.grad_weight, "grad_input": kernels.grad_input}
@@ -116,6 +119,10 @@ def _run(graph, knobs, arrays, seed=None):
     sch = s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)}),
                          **({} if seed is None else {"seed": seed}))
     sch = kernels.schedule(sch, graph, TARGET, knobs)
+    widths = []
+    structural_walk(sch.mod["main"].body, [(tirx.For, lambda loop: widths.append(
+        int(loop.extent)) if loop.kind == tirx.ForKind.VECTORIZED else None)])
+    assert max(widths) <= MAX_VECTOR_LANES, widths
     fn = compile_checked(sch.mod, TARGET)["main"]
     dev = tvm.cpu()
     out = tvm.runtime.empty([int(v) for v in graph.output.shape], str(graph.output.dtype), dev)
