@@ -80,35 +80,35 @@ class _Checker:
             del self.facts[-len(parts):]
 
     # --------------------------------------------------------------- statements
-    def stmt(self, node, ana, block: str) -> None:
+    def stmt(self, node, block: str) -> None:
         if isinstance(node, tirx.For):
-            with _bound(ana, node.loop_var, node.min, node.extent):
-                self.stmt(node.body, ana, block)
+            with _bound(self.ana, node.loop_var, node.min, node.extent):
+                self.stmt(node.body, block)
         elif isinstance(node, tirx.SeqStmt):
             for s in node.seq:
-                self.stmt(s, ana, block)
+                self.stmt(s, block)
         elif isinstance(node, s_tir.SBlockRealize):
-            self.realize(node, ana)
+            self.realize(node)
         elif isinstance(node, tirx.IfThenElse):
-            self.expr(node.condition, ana, block)
+            self.expr(node.condition, block)
             with self.given(node.condition) as live:
                 if live:
-                    self.stmt(node.then_case, ana, block)
+                    self.stmt(node.then_case, block)
             if node.else_case is not None:
                 with self.given(tirx.Not(node.condition)) as live:
                     if live:
-                        self.stmt(node.else_case, ana, block)
+                        self.stmt(node.else_case, block)
         elif isinstance(node, tirx.BufferStore):
-            self.access(node.buffer, node.indices, ana, block, "writes")
+            self.access(node.buffer, node.indices, block, "writes")
             for index in node.indices:
-                self.expr(index, ana, block)
-            self.expr(node.value, ana, block)
+                self.expr(index, block)
+            self.expr(node.value, block)
         elif hasattr(node, "body"):  # LetStmt, AttrStmt, allocations: their body
-            self.stmt(node.body, ana, block)
+            self.stmt(node.body, block)
         elif isinstance(node, tirx.Evaluate):
-            self.expr(node.value, ana, block)
+            self.expr(node.value, block)
 
-    def realize(self, realize, ana) -> None:
+    def realize(self, realize) -> None:
         block = realize.block
         name = block.name_hint
         pred = realize.predicate
@@ -117,58 +117,58 @@ class _Checker:
                 return
             for iv, value in zip(block.iter_vars, realize.iter_values, strict=True):
                 lo, extent = iv.dom.min, iv.dom.extent
-                if not ana.can_prove(tirx.all(value >= lo, value < lo + extent)):
+                if not self.ana.can_prove(tirx.all(value >= lo, value < lo + extent)):
                     self.problems.append(
                         f"block {name!r}: iterator {iv.var} = {value} may leave its domain "
                         f"[{lo}, {lo + extent})")
             domains = [(iv.var, tvm.ir.Range.from_min_extent(iv.dom.min, iv.dom.extent))
                        for iv in block.iter_vars]
-            found = self._body(block, ana, domains)
+            found = self._body(block, domains)
             if found and not _is_true(pred):
                 # A padded block (CUDA's reindexed tiles) runs only where its predicate holds,
                 # over part of its iterators' domains: its accesses are proven for the
                 # iterators' values, the loop variables' expressions, under the predicate.
                 values = list(zip([iv.var for iv in block.iter_vars], realize.iter_values,
                                   strict=True))
-                found = self._body(block, ana, values)
+                found = self._body(block, values)
             self.problems += found
 
-    def _body(self, block, ana, bindings) -> list[str]:
+    def _body(self, block, bindings) -> list[str]:
         """The problems of a block's init and body with its iterators bound to ``bindings``
         (ranges or expressions)."""
         outer, self.problems = self.problems, []
         try:
             for var, value in bindings:
-                ana.bind(var, value, allow_override=True)
+                self.ana.bind(var, value, allow_override=True)
             if block.init is not None:
-                self.stmt(block.init, ana, block.name_hint)
-            self.stmt(block.body, ana, block.name_hint)
+                self.stmt(block.init, block.name_hint)
+            self.stmt(block.body, block.name_hint)
             return self.problems
         finally:
             self.problems = outer
 
     # --------------------------------------------------------------- expressions
-    def expr(self, node, ana, block: str) -> None:
+    def expr(self, node, block: str) -> None:
         if isinstance(node, TensorLoad):
-            self.access(node.source, node.indices, ana, block, "reads")
+            self.access(node.source, node.indices, block, "reads")
             for index in node.indices:
-                self.expr(index, ana, block)
+                self.expr(index, block)
         elif isinstance(node, Call) and _op_name(node) == "prim.if_then_else":
-            self._branches(node.args[0], node.args[1], node.args[2], ana, block)
+            self._branches(node.args[0], node.args[1], node.args[2], block)
         elif isinstance(node, tirx.Select):
-            self._branches(node.condition, node.true_value, node.false_value, ana, block)
+            self._branches(node.condition, node.true_value, node.false_value, block)
         else:
             for child in _children(node):
-                self.expr(child, ana, block)
+                self.expr(child, block)
 
-    def _branches(self, cond, then, other, ana, block) -> None:
-        self.expr(cond, ana, block)
+    def _branches(self, cond, then, other, block) -> None:
+        self.expr(cond, block)
         with self.given(cond) as live:
             if live:
-                self.expr(then, ana, block)
+                self.expr(then, block)
         with self.given(tirx.Not(cond)) as live:
             if live:
-                self.expr(other, ana, block)
+                self.expr(other, block)
 
     def _empty(self, var) -> bool:
         """Whether the constraints in force leave the integer ``var`` no value."""
@@ -177,11 +177,11 @@ class _Checker:
         bound = self.ana.const_int_bound(var)
         return bound.min_value > bound.max_value
 
-    def access(self, buffer, indices, ana, block: str, verb: str) -> None:
+    def access(self, buffer, indices, block: str, verb: str) -> None:
         """``buffer``: the buffer's variable (its type holds the shape)."""
         for axis, (index, extent) in enumerate(zip(indices, buffer.ty.shape, strict=True)):
             in_range = tirx.all(index >= 0, index < extent)
-            if not (ana.can_prove(in_range) or self._divided(in_range, index)):
+            if not (self.ana.can_prove(in_range) or self._divided(in_range, index)):
                 self.problems.append(
                     f"block {block!r} {verb} {buffer.name}[...] with axis {axis} index "
                     f"{index} that may leave [0, {extent})")
@@ -266,9 +266,8 @@ def _children(node) -> list:
 def check_bounds(func) -> list[str]:
     """Every access of a scheduled PrimFunc (``s_tir`` blocks, before lowering) that cannot be
     proven to stay inside its buffer or its iterator domain; ``[]`` when all are proven."""
-    ana = sym.Analyzer()
-    checker = _Checker(ana)
-    checker.stmt(func.body, ana, "root")
+    checker = _Checker(sym.Analyzer())
+    checker.stmt(func.body, "root")
     return checker.problems
 
 

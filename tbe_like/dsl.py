@@ -299,7 +299,7 @@ def auto_schedule(res: te.Tensor, target: Any = None) -> Schedule:
     ``TBE_LIKE_MEASURE=0`` takes the rule's untimed choice instead).
     """
     from . import schedules  # the rules register themselves on import
-    from .tune import lookup, measured_schedule, measuring
+    from .tune import plan
 
     op, res, inputs = _op_of(res)
     spec = _OPS[op]
@@ -310,18 +310,11 @@ def auto_schedule(res: te.Tensor, target: Any = None) -> Schedule:
         kind = TypeError if isinstance(e, TypeError) else ValueError
         raise kind(f"auto_schedule: {e}") from None
     func = _prim_func([*inputs, res], p.kernel_name)
-    sch = lookup(func, tgt)
-    if sch is not None:
-        return Schedule(op, p, tgt, sch, inputs, res, "record")
-    if measuring(tgt):
-        sch, selection = measured_schedule(
-            func, lambda s, knobs: schedules.apply_schedule(s, op, p, tgt, knobs),
-            schedules.candidates(op, tgt), tgt)
-        if selection is not None:
-            return Schedule(op, p, tgt, sch, inputs, res, "measured", selection.as_dict())
-        return Schedule(op, p, tgt, sch, inputs, res)
-    sch = schedules.apply_schedule(s_tir.Schedule(IRModule({"main": func})), op, p, tgt)
-    return Schedule(op, p, tgt, sch, inputs, res)
+    sch, origin, selection = plan(
+        func, lambda s, knobs: schedules.apply_schedule(s, op, p, tgt, knobs),
+        schedules.candidates(op, tgt), tgt)
+    return Schedule(op, p, tgt, sch, inputs, res, origin,
+                    None if selection is None else selection.as_dict())
 
 
 # ----------------------------------------------------------------------------- building

@@ -432,6 +432,22 @@ def measured_schedule(func, schedule_with: Callable[[Any, Any], Any], candidates
     return sch, selection
 
 
+def plan(func, schedule_with: Callable[[Any, Any], Any], candidates: list, target: Target
+         ) -> tuple[Any, str, Selection | None]:
+    """How a build schedules ``func``: the stored record (``"record"``), else on a CPU the
+    fastest of ``candidates`` measured here (``"measured"``, :func:`measured_schedule`), else
+    the rule's default (``"rule"``). Returns the schedule, its origin and the selection."""
+    from ._tvm import s_tir
+
+    sch = lookup(func, target)
+    if sch is not None:
+        return sch, "record", None
+    if measuring(target):
+        sch, selection = measured_schedule(func, schedule_with, candidates, target)
+        return sch, "rule" if selection is None else "measured", selection
+    return schedule_with(s_tir.Schedule(workload(func)), None), "rule", None
+
+
 _FINGERPRINTS: dict[tuple, str] = {}
 
 

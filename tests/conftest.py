@@ -60,6 +60,17 @@ def conv3d(n, cin, spatial, cout, kernel, stride=1, pad=1, dil=1, groups=1):
                           (pad,) * 6, (dil,) * 3, groups)
 
 
+def stage_names(tensor) -> set[str]:
+    """The names of every stage a result is computed from (itself included)."""
+    seen, todo = set(), [tensor]
+    while todo:
+        t = todo.pop()
+        if t.op.name not in seen:
+            seen.add(t.op.name)
+            todo += list(t.op.input_tensors)
+    return seen
+
+
 def msg(op: str, *parts: str) -> str:
     """A ``match`` regex: the message starts with ``op: `` and holds every part, in order."""
     return "^" + re.escape(f"{op}: ") + "".join(".*" + re.escape(p) for p in parts)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import NP_DTYPES, RTOL, conv3d, round_hf32
+from conftest import NP_DTYPES, RTOL, conv3d, round_hf32, stage_names
 from tbe_like.schedules import Heuristic, candidates
 from tbe_like.schedules.common import MAX_VECTOR_LANES, SAMPLE
 from tbe_like.schedules.llvm import conv3d_backprop_filter as dw_rule
@@ -79,20 +79,9 @@ def _variants(kind, conv):
     """The distinct graphs of a case: the direct form, and F(2,3) and F(4,3) where they apply."""
     found = {"direct": False}
     for m in (2, 4):
-        names = {t.op.name for t in _tensors(_graph(kind, conv, m).output)}
-        if WINOGRAD_STAGE[kind] in names:
+        if WINOGRAD_STAGE[kind] in stage_names(_graph(kind, conv, m).output):
             found[f"F({m},3)"] = m
     return found
-
-
-def _tensors(tensor):
-    seen, todo = {}, [tensor]
-    while todo:
-        t = todo.pop()
-        if t.op.name not in seen:
-            seen[t.op.name] = t
-            todo += list(t.op.input_tensors)
-    return seen.values()
 
 
 def _knob_sets(kind, graph):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import conv3d
+from conftest import conv3d, stage_names
 
 from tbe_like import stages
 from tbe_like._tvm import IRModule, s_tir, tvm
@@ -114,7 +114,7 @@ def test_winograd_applies_to_stride_one_three_taps_only():
                           (conv3d(1, 16, (4, 8, 8), 16, (3, 3, 3), stride=2), False),
                           (conv3d(1, 16, (4, 8, 8), 16, (3, 3, 5), pad=2), False)]:
         graph = kernels.grad_weight(conv, prec, winograd=True)
-        names = {t.op.name for t in _stage_tensors(graph.output)}
+        names = stage_names(graph.output)
         assert (stages.DW_WINO_X in names) is applies
         assert (stages.DW_FMAP_COL in names) is not applies
     cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_80"})
@@ -136,15 +136,3 @@ def test_winograd_rejects_an_unknown_tile():
     prec = kernels.Precision("float32", "float32")
     with pytest.raises(ValueError, match="winograd must be a bool or one of"):
         kernels.grad_input(CASES["even-w"], prec, winograd=3)
-
-
-def _stage_tensors(tensor):
-    """Every tensor a result is computed from."""
-    seen, todo = {}, [tensor]
-    while todo:
-        t = todo.pop()
-        if t.op.name not in seen:
-            seen[t.op.name] = t
-            todo += list(t.op.input_tensors)
-    return list(seen.values())
-

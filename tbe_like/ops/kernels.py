@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 
 from .. import compute, stages
-from .._tvm import IRModule, Target, s_tir, te, tvm
+from .._tvm import IRModule, Target, te, tvm
 from ..bounds import compile_checked
 from ..compute import layout as lt
 from ..compute.conv3d_backprop_input import conv3d_forward, result_periods
@@ -262,17 +262,12 @@ def build(graph: Graph, target: Target, output_dir, kernel_name: str, op: str,
           para_dict: dict) -> Kernel:
     """Schedule (the best tuning record, else the rule + layout stages), compile, export."""
     from ..schedules import candidates
-    from ..tune import lookup, measured_schedule, measuring
+    from ..tune import plan
 
     func = prim_func(graph)
-    sch = lookup(func, target)
-    tuned, selection = sch is not None, None
-    if not tuned and measuring(target):
-        sch, selection = measured_schedule(
-            func, lambda s, knobs: schedule(s, graph, target, knobs),
-            candidates(graph.op, target), target)
-    elif not tuned:
-        sch = schedule(s_tir.Schedule(IRModule({"main": func})), graph, target)
+    sch, origin, selection = plan(func, lambda s, knobs: schedule(s, graph, target, knobs),
+                                  candidates(graph.op, target), target)
+    tuned = origin == "record"
     mod = IRModule({"main": sch.mod["main"].with_attr("global_symbol", kernel_name)})
     executable = compile_checked(mod, target, kernel_name)
     tensors = [*graph.inputs, graph.output]
