@@ -263,9 +263,11 @@ def _schedule_of(row: dict) -> str:
     selection = row["selection"]
     if not selection:
         return "rule"
-    choice = selection["choice"]  # "Heuristic(lanes=16, split_k=True)"
+    choice = selection["choice"]  # "Heuristic(lanes=16, split_k=True, accumulators=None)"
     lanes = choice.split("lanes=")[1].split(",")[0].rstrip(")")
-    return f"L{lanes}" + ("+K" if "split_k=True" in choice else "")
+    cap = choice.split("accumulators=")[1].rstrip(")") if "accumulators=" in choice else "None"
+    return (f"L{lanes}" + ("" if cap == "None" else f"a{cap}")
+            + ("+K" if "split_k=True" in choice else ""))
 
 
 def host_description() -> dict:
@@ -404,9 +406,9 @@ def main(argv=None) -> int:
     print(f"%peak: tbe_like's GFLOP/s over the float32 FMA peak timed in the same rounds "
           f"(fma_peak; median {statistics.median(peaks):.0f} GFLOP/s, {min(peaks):.0f} to "
           f"{max(peaks):.0f} over the rows). Winograd kernels count the direct form's flops.")
-    print("schedule: L8/L16 the 8- or 16-lane heuristic that measured selection chose (+K: "
-          "split K), record: a stored tuning record, rule: the untimed rule; build s includes "
-          "the selection")
+    print("schedule: L8/L16 the 8- or 16-lane heuristic that measured selection chose (a8: at "
+          "most 8 accumulators, +K: split K), record: a stored tuning record, rule: the untimed "
+          "rule; build s includes the selection")
     summary = {}
     for grad in ("weight", "input"):
         for label, keep in (("float32, every layer", lambda r: r["dtype"] == "float32"),

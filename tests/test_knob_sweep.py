@@ -216,8 +216,9 @@ def test_candidates_cover_both_widths_and_split_k():
     weight = candidates(kernels.grad_weight(SHAPES["w7-prime"], F32).op, TARGET)
     assert {(h.lanes, h.split_k) for h in weight} == {(8, False), (8, True), (16, False),
                                                       (16, True)}
-    assert {h.lanes for h in candidates(kernels.grad_input(SHAPES["w7-prime"], F32).op,
-                                        TARGET)} == {8, 16}
+    assert {(h.lanes, h.accumulators) for h in candidates(
+        kernels.grad_input(SHAPES["w7-prime"], F32).op, TARGET)} == {(8, None), (16, None),
+                                                                     (16, 8)}
 
 
 def test_a_tile_that_does_not_divide_its_loop_is_refused():

@@ -86,7 +86,8 @@ class Knobs:
 
 
 def default_knobs(p: BackpropInputParams, lanes: int, width: int | None = None,
-                  channels: int | None = None, height: int | None = None) -> Knobs:
+                  channels: int | None = None, height: int | None = None,
+                  accumulators: int | None = None) -> Knobs:
     """The widest tile that fits the registers (``width`` columns at most, the W extent of the
     reduction, default W) and the largest chunk up to ``CO_CHUNK`` that divides ``channels``
     (the reduced output channels).
@@ -99,7 +100,7 @@ def default_knobs(p: BackpropInputParams, lanes: int, width: int | None = None,
     width = p.geometry.in_spatial[2] if width is None else width
     height = p.geometry.in_spatial[1] if height is None else height
     channels = CO_CHUNK if channels is None else channels
-    budget = ACC_REGS.get(lanes, 8) // max(1, p.geometry.c0 // lanes)
+    budget = (accumulators or ACC_REGS.get(lanes, 8)) // max(1, p.geometry.c0 // lanes)
     chunk = _fit(channels, CO_CHUNK)
     w_tile = max(1, min(budget, width))
     if width % w_tile:
@@ -175,9 +176,10 @@ def _schedule_mad(sch, name: str, knobs: Knobs | str, threads: int) -> None:
 
 
 def candidates(target) -> list[Heuristic]:
-    """What measured selection times: the tiles for either vector width."""
+    """What measured selection times: the tiles for either vector width, and AVX-512's with
+    at most 8 accumulators."""
     del target
-    return [Heuristic(lanes) for lanes in HEURISTIC_LANES]
+    return [*(Heuristic(lanes) for lanes in HEURISTIC_LANES), Heuristic(16, accumulators=8)]
 
 
 @register(INPUT_OP, "llvm", candidates=candidates)
@@ -203,7 +205,7 @@ def schedule(sch, p: BackpropInputParams, target,
     for name in names:
         if name.startswith(stages.DX_MAD):
             height, width, channels = _extents(sch, sch.get_sblock(name))
-            fit = (default_knobs(p, knobs.lanes, width, channels, height)
+            fit = (default_knobs(p, knobs.lanes, width, channels, height, knobs.accumulators)
                    if isinstance(knobs, Heuristic) else knobs)
             _schedule_mad(sch, name, fit, num_threads(target))
     fuse_parallel_vectorize(sch, stages.DX_RES, n_parallel=2)
