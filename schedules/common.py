@@ -28,6 +28,10 @@ class Heuristic:
     split_k: bool | None = None
     accumulators: int | None = None
 
+    def __str__(self) -> str:  # the fields that are set: how selections name their choice
+        fields = ", ".join(f"{k}={v}" for k, v in vars(self).items() if v is not None)
+        return f"Heuristic({fields})"
+
 
 # The vector widths the heuristics are sized for: AVX2 and AVX-512.
 HEURISTIC_LANES = (8, 16)
