@@ -113,8 +113,8 @@ def default_knobs(p: BackpropFilterParams, lanes: int, threads: int, result_elem
 
 
 def candidates(target) -> list[Heuristic]:
-    """What measured selection times: the tiles for either vector width, split K on and off
-    where the rule would choose the other."""
+    """What measured selection times: the tiles for either vector width, each with split K
+    forced off and on (the rule's own choice is one of the two)."""
     del target
     return [Heuristic(lanes, split_k) for lanes in HEURISTIC_LANES for split_k in (False, True)]
 
