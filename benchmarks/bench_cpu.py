@@ -143,7 +143,8 @@ def fma_peak(threads: int):
     deliver from minute to minute.
     """
     from tbe_like._tvm import IRModule, s_tir, te, tvm
-    from tbe_like.target import build_config, host_target, vector_lanes
+    from tbe_like.bounds import compile_checked
+    from tbe_like.target import host_target, vector_lanes
 
     target = host_target()
     tasks, rows, cols = 2 * threads, 6, 2 * vector_lanes(target)
@@ -161,8 +162,7 @@ def fma_peak(threads: int):
     sch.unroll(i)
     sch.vectorize(j)
     sch.decompose_reduction(block, rep)
-    with tvm.transform.PassContext(config=build_config(target)):
-        fn = tvm.compile(sch.mod, target=target)["main"]
+    fn = compile_checked(sch.mod, target)["main"]
     dev = tvm.cpu()
     args = [tvm.runtime.tensor(np.full(shape, 1e-3, "float32"), dev)
             for shape in ((tasks, depth, rows), (tasks, depth, cols), (tasks, rows, cols))]

@@ -79,3 +79,19 @@ def test_a_predicated_tail_is_proven():
     sch.vectorize(j)
     assert check_bounds(sch.mod["main"]) == []
     compile_checked(sch.mod, host_target())  # and it builds
+
+
+def _tap_rows(limit):
+    """Reads row ``v//16 % 3 + v//48 % 3 * 3 + v//144 * 9`` of 27 for ``v < limit`` (CUDA's
+    padded write-back of a grouped weight gradient indexes its result so)."""
+    a = te.placeholder((27, 16), name="A")
+    row = lambda v: v // 16 % 3 + v // 48 % 3 * 3 + v // 144 * 9  # noqa: E731
+    b = te.compute((512,), lambda v: tirx.if_then_else(
+        v < limit, a[row(v), v % 16], tirx.const(0.0, "float32")), name="B")
+    return _schedule(a, b).mod["main"]
+
+
+def test_index_arithmetic_the_analyzer_cannot_follow_is_checked_point_by_point():
+    assert check_bounds(_tap_rows(432)) == []  # 431 // 144 * 9 + 2 + 6 = 26
+    (problem,) = check_bounds(_tap_rows(448))  # v = 432: row 27
+    assert problem.startswith("block 'B' reads A[...] with axis 0 index")

@@ -22,10 +22,9 @@ from tbe_like.schedules import registry
 
 from tbe_like import KernelLoadError, device_code, dsl, layout, load_kernel, tvm
 from tbe_like._tvm import IRModule, Target, nvcc, s_tir, structural_walk, te, tirx, tvm_runtime
-from tbe_like._tvm import tvm as apache_tvm
+from tbe_like.bounds import compile_checked
 from tbe_like.device_code import cuda_present
 from tbe_like.kernel import read_metadata
-from tbe_like.target import build_config
 from tbe_like.testing import reference as ref
 
 ARCHS = ("sm_80", "sm_90")
@@ -113,8 +112,7 @@ def kernels(src: str) -> list[str]:
 
 
 def _compile(sch):
-    with apache_tvm.transform.PassContext(config=build_config(sch.target)):
-        return apache_tvm.compile(sch.mod, target=sch.target)
+    return compile_checked(sch.mod, sch.target)
 
 
 def unbound_blocks(mod) -> list[str]:
@@ -289,8 +287,7 @@ def test_every_dx_mad_block_and_unknown_stages(dtype):
     sch = registry.lookup("conv3d_backprop_input", "cuda")(sch, SimpleNamespace(dtype=dtype),
                                                            target)
     assert unbound_blocks(sch.mod) == []
-    with apache_tvm.transform.PassContext(config=build_config(target)):
-        src = apache_tvm.compile(sch.mod, target=target).mod.imports[0].inspect_source()
+    src = compile_checked(sch.mod, target).mod.imports[0].inspect_source()
     if dtype == "float16":
         assert len([k for k in kernels(src) if "mma_sync" in k]) == 2  # both phases
 
@@ -305,8 +302,7 @@ def test_generic_cuda_fallback_threads_every_block():
 
 
 def _compile_for(sch, target):
-    with apache_tvm.transform.PassContext(config=build_config(target)):
-        return apache_tvm.compile(sch.mod, target=target)
+    return compile_checked(sch.mod, target)
 
 
 # ----------------------------------------------------------------------------- targets

@@ -10,6 +10,7 @@ from tbe_like.schedules.llvm import conv3d_backprop_filter as dw_rule
 
 from tbe_like import stages
 from tbe_like._tvm import IRModule, Target, s_tir, tvm
+from tbe_like.bounds import compile_checked
 from tbe_like.ops import kernels
 from tbe_like.target import host_target
 from tbe_like.testing import reference as ref
@@ -71,7 +72,7 @@ def test_weight_gradient_split_k_matches_reference(name, k_par):
              for t in graph.inputs)
     dev = tvm.cpu()
     out = tvm.runtime.tensor(np.zeros([int(v) for v in graph.output.shape], "float32"), dev)
-    tvm.compile(sch.mod, target=host_target())["main"](
+    compile_checked(sch.mod, host_target())["main"](
         tvm.runtime.tensor(x, dev), tvm.runtime.tensor(dy, dev), out)
     expected = _weight_gradient(conv, x, dy)
     np.testing.assert_allclose(out.numpy(), expected, rtol=0, atol=1e-5 * np.abs(expected).max())

@@ -11,6 +11,7 @@ import pytest
 from conftest import NP_DTYPES, RTOL, round_hf32
 
 from tbe_like import ops
+from tbe_like.bounds import compile_checked
 from tbe_like.cache import KernelCache
 from tbe_like.testing import reference as ref
 
@@ -219,7 +220,7 @@ def test_float16_operands_are_packed_as_float32_on_cpus(kind):
                                graph, target)
         dtypes = {str(b.dtype) for b in sch.mod["main"].body.block.alloc_buffers}
         assert ("float16" in dtypes) == (prec is narrow), dtypes
-        fn = tvm.compile(sch.mod, target=target)["main"]
+        fn = compile_checked(sch.mod, target)["main"]
         rng = np.random.default_rng(3)
         dev = tvm.cpu()
         args = [tvm.runtime.tensor(rng.standard_normal([int(v) for v in t.shape])

@@ -14,6 +14,7 @@ from tvm_ffi import structural_equal
 
 from tbe_like import ops
 from tbe_like._tvm import IRModule, s_tir, tvm
+from tbe_like.bounds import compile_checked
 from tbe_like.cache import KernelCache
 from tbe_like.ops import kernels
 from tbe_like.ops.convolution_backward import graph_of
@@ -27,7 +28,7 @@ CONV = kernels.Conv3d(batch=2, cin=16, cout=32, in_spatial=(3, 7, 8), out_spatia
 
 
 def _run(mod, target, arrays, out_shape, dtype):
-    ex = tvm.compile(mod, target=target)
+    ex = compile_checked(mod, target)
     dev = tvm.runtime.cpu(0)
     args = [tvm.runtime.tensor(a, dev) for a in arrays]
     out = tvm.runtime.empty(out_shape, dtype, dev)

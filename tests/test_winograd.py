@@ -15,6 +15,7 @@ from conftest import conv3d, stage_names
 
 from tbe_like import stages
 from tbe_like._tvm import IRModule, s_tir, tvm
+from tbe_like.bounds import compile_checked
 from tbe_like.compute.conv3d_backprop_input import result_periods
 from tbe_like.compute.winograd import F23, F43
 from tbe_like.ops import kernels
@@ -39,7 +40,7 @@ def _run(graph, target, arrays):
     sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})), graph,
                            target)
     names = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))}
-    fn = tvm.compile(sch.mod, target=target)["main"]
+    fn = compile_checked(sch.mod, target)["main"]
     dev = tvm.cpu()
     out = tvm.runtime.tensor(np.zeros([int(v) for v in graph.output.shape], "float32"), dev)
     fn(*[tvm.runtime.tensor(a, dev) for a in arrays], out)

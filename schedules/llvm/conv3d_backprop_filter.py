@@ -204,12 +204,13 @@ def _check_divides(sch, knobs: Knobs, co, kw, ho) -> None:
     whole, only its own steps are predicated.)"""
     extents = {"co_par * co_tile": (knobs.co_par * knobs.co_tile, int(sch.get(co).extent)),
                "kw_tile": (knobs.kw_tile, int(sch.get(kw).extent)),
-               "ho_tile": (knobs.ho_tile or 1, int(sch.get(ho).extent)),
-               "k_par": (knobs.k_par, 0)}  # any k_par >= 1 (0 % k_par == 0)
+               "ho_tile": (knobs.ho_tile or 1, int(sch.get(ho).extent))}
     for name, (factor, extent) in extents.items():
         if factor < 1 or extent % factor:
             raise ValueError(f"conv3d_backprop_filter: knobs {name} = {factor} must divide "
                              f"its loop of {extent} iterations, got {knobs}")
+    if knobs.k_par < 1:
+        raise ValueError(f"conv3d_backprop_filter: knobs k_par must be at least 1, got {knobs}")
 
 
 def _rows(sch, ho, wo, winograd: bool) -> int:
