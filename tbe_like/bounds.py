@@ -356,13 +356,62 @@ def assert_in_bounds(mod, what: str = "kernel") -> None:
                                f"bounds; not compiled:\n  {shown}{more}")
 
 
+class OverlappingWritesError(RuntimeError):
+    """A schedule in which several iterations of a spatial block store to the same element."""
+
+
+def check_single_writes(func) -> list[str]:
+    """Every spatial block of a scheduled PrimFunc whose store does not depend on one of its
+    iterators (of more than one value); ``[]`` when there is none.
+
+    Each iteration of a spatial block computes one element: if an iterator does not take part
+    in the index it stores to, its iterations store to the same element, and the last one wins
+    (on a GPU, whichever thread stores last). ``reverse_compute_inline`` of a consumer that
+    reads one row of a padded axis made such a block (CUDA's weight gradient with Cout = 1:
+    16 rows of accumulators stored to one row of the result, 15 of them zeros).
+    """
+    problems: list[str] = []
+
+    def visit(block):
+        body = block.body
+        if (block.init is not None or not isinstance(body, tirx.BufferStore)
+                or any(iv.iter_type != tirx.IterVar.DataPar for iv in block.iter_vars)):
+            return
+        used = [v for index in body.indices for v in undefined_vars(index)]
+        for iv in block.iter_vars:
+            extent = iv.dom.extent
+            if isinstance(extent, tirx.IntImm) and int(extent) == 1:
+                continue
+            if not any(v.same_as(iv.var) for v in used):
+                problems.append(
+                    f"block {block.name_hint!r}: its {extent} iterations over {iv.var} all "
+                    f"store to the same element of {body.buffer.name}")
+
+    structural_walk(func.body, [(s_tir.SBlock, visit)], order="post")
+    return problems
+
+
+def assert_single_writes(mod, what: str = "kernel") -> None:
+    """Raise :class:`OverlappingWritesError` if a spatial block of ``mod`` stores to one
+    element from several iterations (:func:`check_single_writes`)."""
+    problems = []
+    for gv, func in mod.functions.items():
+        if isinstance(func, tirx.PrimFunc):
+            problems += [f"{gv.name_hint}: {p}" for p in check_single_writes(func)]
+    if problems:
+        shown = "\n  ".join(problems[:8])
+        raise OverlappingWritesError(f"tbe_like: the schedule of {what} stores to one element "
+                                     f"from several iterations; not compiled:\n  {shown}")
+
+
 def compile_checked(mod, target, what: str = "kernel"):
     """``tvm.compile`` of a scheduled module with the pass options of its target
-    (``tbe_like.target.build_config``), after :func:`assert_in_bounds`: every build of
-    tbe_like (DSL, framework operators, tuning candidates, measured selection) goes through
-    here."""
+    (``tbe_like.target.build_config``), after :func:`assert_in_bounds` and
+    :func:`assert_single_writes`: every build of tbe_like (DSL, framework operators, tuning
+    candidates, measured selection) goes through here."""
     from .target import build_config
 
     assert_in_bounds(mod, what)
+    assert_single_writes(mod, what)
     with tvm.transform.PassContext(config=build_config(target)):
         return tvm.compile(mod, target=target)

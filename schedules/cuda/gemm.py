@@ -134,17 +134,39 @@ def inline_producers(sch, block) -> None:
                 progress = True
 
 
+def _reads_every_axis(sch, consumer, producer) -> bool:
+    """Whether each index of ``consumer``'s read of ``producer``'s output varies with the
+    consumer's iterators, on every axis of that buffer longer than 1.
+
+    ``reverse_compute_inline`` runs the consumer once per point the producer writes and guards
+    the points the consumer does not read, but it does not guard an axis the consumer reads at a
+    constant index: every point along that axis then stores to the same element, all but one
+    with a wrong value (on a GPU a race, whichever thread stores last wins). The weight gradient
+    with Cout = 1 is such a case: its fractal output has 16 rows of Cout, the layout stage reads
+    row 0 only.
+    """
+    written = sch.get(producer).writes[0].source
+    for region in sch.get(consumer).reads:
+        if not region.source.same_as(written):
+            continue
+        for dim, extent in zip(region.region, written.shape, strict=True):
+            if int(extent) > 1 and not undefined_vars(dim.min):
+                return False
+    return True
+
+
 def inline_consumers(sch, block) -> None:
     """Fold the copies and the epilogue after a GEMM's write-back into the write-back.
 
     ``reverse_compute_inline`` checks that a consumer reads the output one-to-one and leaves the
     schedule (and its trace) untouched when it does not; such a consumer stays a separate stage.
+    A consumer that reads a constant index of an axis (``_reads_every_axis``) stays one too.
     """
     progress = True
     while progress:
         progress = False
         for consumer in sch.get_consumers(block):
-            if not _spatial(sch, consumer):
+            if not _spatial(sch, consumer) or not _reads_every_axis(sch, consumer, block):
                 continue
             try:
                 sch.reverse_compute_inline(consumer)

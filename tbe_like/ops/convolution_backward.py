@@ -60,21 +60,16 @@ class ConvolutionBackwardExecutor:
         ``{"grad_input": Kernel, "grad_weight": Kernel}`` for the requested outputs.
     """
 
-    def __init__(self, p: ConvolutionBackwardParams, target: Target, cache: KernelCache):
+    def __init__(self, p: ConvolutionBackwardParams, target: Target, cache: KernelCache,
+                 built: dict[str, Kernel] | None = None):
         self.params = p
         self.target = target
-        conv = conv_of(p)
-        prec = kernels.Precision.on(target, p.dtype, p.compute_dtype, p.hf32)
-        self.kernels: dict[str, Kernel] = {}
-        want_input, want_weight, _ = p.output_mask
-        if want_input:
-            if p.transposed:
-                self.kernels["grad_input"] = _cached(cache, "forward", conv, prec, target)
-            else:
-                self.kernels["grad_input"] = _cached(cache, "grad_input", conv, prec, target)
-        if want_weight:
-            self.kernels["grad_weight"] = _cached(cache, "grad_weight", conv, prec, target,
-                                                  transposed=p.transposed)
+        if built is None:
+            conv = conv_of(p)
+            prec = kernels.Precision.on(target, p.dtype, p.compute_dtype, p.hf32)
+            built = {output: _cached(cache, kind, conv, prec, target, transposed=transposed)
+                     for output, (kind, transposed) in kernel_kinds(p).items()}
+        self.kernels: dict[str, Kernel] = dict(built)
         self.workspace_size = sum(int(k.metadata["para_dict"].get("workspace_bytes", 0))
                                   for k in self.kernels.values())
 
@@ -106,6 +101,18 @@ class ConvolutionBackwardExecutor:
             axes = (0, *range(2, go.ndim))
             grad_bias = go.sum(axis=axes, dtype=np.float32).astype(p.grad_bias_dtype)
         return grad_input, grad_weight, grad_bias
+
+
+def kernel_kinds(p: ConvolutionBackwardParams) -> dict[str, tuple[str, bool]]:
+    """The kernel behind each requested output: ``{output: (kind, transposed)}`` for
+    :func:`graph_of` (the input gradient of a transposed convolution is a forward one)."""
+    want_input, want_weight, _ = p.output_mask
+    found = {}
+    if want_input:
+        found["grad_input"] = ("forward" if p.transposed else "grad_input", False)
+    if want_weight:
+        found["grad_weight"] = ("grad_weight", p.transposed)
+    return found
 
 
 def graph_of(kind: str, conv: kernels.Conv3d, prec: kernels.Precision,

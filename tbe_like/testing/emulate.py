@@ -1,0 +1,116 @@
+"""Run a CUDA schedule on the CPU, to check its numbers on a machine without a GPU.
+
+A TIR schedule means what its loops mean when they run one after another: binding a loop to
+``blockIdx``/``threadIdx`` says where the iterations run, not what they compute (TVM's lowering
+adds the barriers that keep it so). :func:`serial_threads` turns every thread-bound loop of a
+scheduled CUDA module back into a serial loop; compiled for the CPU, the result computes what the
+GPU kernel computes, tile by tile, with the same staging in shared memory, the same padding,
+predicates, split K and inlined epilogues. A schedule bug (a lost predicate, two threads storing
+to one element, an unguarded tail) gives the same wrong numbers here as on the GPU.
+
+What it cannot check: races the lowering would have to prevent (it adds barriers by itself), and
+tensor-core code (``tvm_mma_sync`` and friends have no CPU lowering): schedules that use tensor
+cores are refused; schedule them for an architecture without tensor cores (sm_75) to check the
+rest of the template.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from tvm_ffi import structural_map, structural_walk
+
+from .._tvm import Call, IRModule, Target, s_tir, tirx
+from ..bounds import compile_checked
+from ..kernel import Kernel
+
+CPU = Target("llvm")
+
+
+def _serial(loop: tirx.For) -> tirx.For:
+    if loop.kind != tirx.ForKind.THREAD_BINDING:
+        return loop
+    return tirx.For(loop.loop_var, loop.min, loop.extent, tirx.ForKind.SERIAL, loop.body, None,
+                    loop.annotations)
+
+
+def _tensor_core_calls(mod: IRModule) -> list[str]:
+    found = []
+
+    def visit(call):
+        name = getattr(call.op, "name", "")
+        if "mma" in name or "matrix_sync" in name or "fill_fragment" in name:
+            found.append(name)
+
+    structural_walk(mod, [(Call, visit)], order="post")
+    return found
+
+
+def serial_threads(mod: IRModule) -> IRModule:
+    """``mod`` (a scheduled CUDA module) with every thread-bound loop made serial."""
+    calls = _tensor_core_calls(mod)
+    if calls:
+        raise ValueError(f"serial_threads: the schedule uses tensor cores ({sorted(set(calls))}),"
+                         f" which have no CPU lowering; schedule it for sm_75 to check the rest")
+    return structural_map(mod, [(tirx.For, _serial)])
+
+
+def emulated_kernel(graph, target: Target, knobs: Any = None, name: str = "emulated",
+                    seed: int | None = None) -> Kernel:
+    """The kernel of a ``tbe_like.ops.kernels.Graph`` scheduled for the CUDA ``target`` by its
+    rule (``knobs`` as the rule takes them; ``seed`` for ``knobs="sample"``), run serially on
+    this CPU."""
+    from ..ops import kernels
+
+    sch = s_tir.Schedule(kernels.prim_func(graph), seed=seed)
+    kernels.schedule(sch, graph, target, knobs)
+    compile_checked(sch.mod, target, name)  # the CUDA kernel itself builds and is in bounds
+    workspace = kernels.workspace_bytes(sch.mod)
+    serial = serial_threads(sch.mod)
+    executable = compile_checked(serial, CPU, name)
+    tensors = [*graph.inputs, graph.output]
+    specs = [{"name": t.op.name, "shape": [int(s) for s in t.shape], "dtype": str(t.dtype),
+              "layout": layout} for t, layout in zip(tensors, graph.layouts, strict=True)]
+    metadata = {"kernel_name": name, "inputs": specs[:-1], "outputs": specs[-1:],
+                "target_kind": "llvm",
+                "para_dict": {"workspace_bytes": workspace}}
+    return Kernel(executable["main"], metadata, module=executable)
+
+
+def convolution_backward(grad_output: np.ndarray, input: np.ndarray, weight: np.ndarray, *,
+                         target: Any, knobs: Any = None, seed: int | None = None,
+                         **kwargs: Any):
+    """``tbe_like.ops.convolution_backward`` with its CUDA kernels run by :func:`emulated_kernel`
+    (same arguments; ``target`` a CUDA target)."""
+    from ..ops import kernels
+    from ..ops.arrays import target_of
+    from ..ops.convolution_backward import (
+        ConvolutionBackwardExecutor,
+        conv_of,
+        graph_of,
+        kernel_kinds,
+    )
+    from ..ops.params import OP, convolution_backward_params
+
+    cuda = target_of(OP, target)
+    if str(cuda.kind.name) != "cuda":
+        raise ValueError(f"emulate.convolution_backward: target must be a CUDA target, got "
+                         f"{cuda.kind.name}")
+    arrays = {"grad_output": grad_output, "input": input, "weight": weight}
+    kwargs.setdefault("bias_sizes", None)
+    for name, default in (("transposed", False), ("output_padding", 0), ("groups", 1),
+                          ("output_mask", (True, True, True)), ("cube_math_type", 0)):
+        kwargs.setdefault(name, default)
+    p = convolution_backward_params(
+        *[v for name, a in arrays.items() for v in (tuple(a.shape), a.dtype)], **kwargs)
+    conv = conv_of(p)
+    prec = kernels.Precision.on(cuda, p.dtype, p.compute_dtype, p.hf32)
+    built = {output: emulated_kernel(graph_of(kind, conv, prec, transposed, cuda), cuda, knobs,
+                                     f"emulated_{output}", seed)
+             for output, (kind, transposed) in kernel_kinds(p).items()}
+    executor = ConvolutionBackwardExecutor(p, cuda, cache=None, built=built)
+    return executor(grad_output, input, weight)
+
+
+__all__ = ["convolution_backward", "emulated_kernel", "serial_threads"]

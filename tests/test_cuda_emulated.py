@@ -1,0 +1,243 @@
+"""The CUDA schedules' numbers, checked on any machine.
+
+``tbe_like.testing.emulate`` runs a CUDA schedule with its thread-bound loops made serial, on the
+CPU: the same tiles, shared-memory staging, padding, split K and inlined epilogues as on the GPU.
+The framework operators run that way on random configurations (1D/2D/3D, transposed, groups,
+masks, dtypes) against the float64 NumPy reference. Tensor-core code has no CPU lowering, so
+float16/bfloat16 are emulated with the SIMT template (sm_75); the tensor-core templates are
+built and checked statically here, and run for real by the ``gpu`` tests on a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pytest
+from conftest import NP_DTYPES, RTOL
+
+from tbe_like import ops
+from tbe_like._tvm import IRModule, Target, s_tir, te
+from tbe_like.bounds import OverlappingWritesError, compile_checked
+from tbe_like.device_code import cuda_present
+from tbe_like.ops import kernels
+from tbe_like.ops.convolution_backward import conv_of, graph_of
+from tbe_like.ops.params import convolution_backward_params
+from tbe_like.testing import emulate
+from tbe_like.testing import reference as ref
+
+# Where each dtype is emulated: float32 takes the SIMT template on every arch; float16 and
+# bfloat16 take it below sm_80 (tensor cores from sm_80 on).
+EMULATED_ARCH = {"float32": "sm_90", "float16": "sm_75", "bfloat16": "sm_75"}
+
+
+@dataclass(frozen=True)
+class Config:
+    """Arguments of ``convolution_backward``: NC[D]HW ``x``, the operator's weight shape."""
+
+    x: tuple
+    weight: tuple
+    stride: tuple
+    padding: tuple
+    dilation: tuple
+    groups: int = 1
+    transposed: bool = False
+    output_padding: tuple = (0,)
+    dtype: str = "float32"
+    mask: tuple = (True, True, True)
+
+    def kwargs(self):
+        return dict(stride=self.stride, padding=self.padding, dilation=self.dilation,
+                    groups=self.groups, transposed=self.transposed,
+                    output_padding=self.output_padding, output_mask=self.mask)
+
+    def grad_output_shape(self):
+        k = self.weight[2:]
+        axes = zip(self.x[2:], k, self.stride, self.padding, self.dilation, self.output_padding,
+                   strict=True)
+        if self.transposed:
+            sp = [(i - 1) * s - 2 * p + d * (kk - 1) + o + 1 for i, kk, s, p, d, o in axes]
+            return (self.x[0], self.weight[1] * self.groups, *sp)
+        sp = [(i + 2 * p - d * (kk - 1) - 1) // s + 1 for i, kk, s, p, d, _ in axes]
+        return (self.x[0], self.weight[0], *sp)
+
+
+def random_config(seed: int) -> Config:
+    """A small random convolution whose every output axis has at least one point."""
+    rng = np.random.default_rng(seed)
+    nd = int(rng.integers(1, 4))
+    groups = int(rng.choice([1, 1, 1, 2, 3]))
+    cin, cout = groups * int(rng.integers(1, 7)), groups * int(rng.integers(1, 7))
+    kernel = tuple(int(v) for v in rng.integers(1, 4, nd))
+    stride = tuple(int(v) for v in rng.integers(1, 4, nd))
+    dilation = tuple(int(v) for v in rng.integers(1, 3, nd))
+    padding = tuple(int(rng.integers(0, (d * (k - 1)) // 2 + 2)) for k, d in
+                    zip(kernel, dilation, strict=True))
+    transposed = bool(rng.random() < 0.3)
+    dtype = str(rng.choice(["float32", "float16", "bfloat16"]))
+    mask = tuple(bool(v) for v in rng.random(3) < 0.7)
+    if not (mask[0] or mask[1]):
+        mask = (mask[0], True, mask[2])
+    n = int(rng.integers(1, 4))
+    if transposed:
+        # x = the transposed convolution's input (Cin channels); weight (Cin, Cout/g, k...).
+        spatial = tuple(int(v) for v in rng.integers(2, 8, nd))
+        output_padding = tuple(int(rng.integers(0, s)) for s in stride)  # < stride (aclnn)
+        config = Config((n, cin, *spatial), (cin, cout // groups, *kernel), stride, padding,
+                        dilation, groups, True, output_padding, dtype, mask)
+        if all(v >= 1 for v in config.grad_output_shape()[2:]):
+            return config
+        return replace(config, padding=(0,) * nd)
+    spatial = tuple(d * (k - 1) + 1 + int(rng.integers(0, 9)) for k, d in
+                    zip(kernel, dilation, strict=True))
+    return Config((n, cin, *spatial), (cout, cin // groups, *kernel), stride, padding, dilation,
+                  groups, False, (0,) * nd, dtype, mask)
+
+
+def _data(config: Config, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    dt = NP_DTYPES[config.dtype]
+    return (rng.standard_normal(config.grad_output_shape()).astype(dt),
+            rng.standard_normal(config.x).astype(dt),
+            rng.standard_normal(config.weight).astype(dt))
+
+
+def _check(config: Config, got, go, x, w) -> None:
+    want = ref.convolution_backward(go.astype(np.float64), x.astype(np.float64),
+                                    w.astype(np.float64), **config.kwargs())
+    for name, g, e in zip(("grad_input", "grad_weight", "grad_bias"), got, want, strict=True):
+        assert (g is None) == (e is None), name
+        if e is None:
+            continue
+        assert g.shape == e.shape, name
+        atol = RTOL[config.dtype] * max(np.abs(e).max(), 1.0)
+        np.testing.assert_allclose(g.astype(np.float64), e, rtol=0, atol=atol, err_msg=name)
+
+
+def _emulated(config: Config, arch: str | None = None, knobs=None):
+    go, x, w = _data(config)
+    target = {"kind": "cuda", "arch": arch or EMULATED_ARCH[config.dtype]}
+    got = emulate.convolution_backward(go, x, w, target=target, knobs=knobs, **config.kwargs())
+    _check(config, got, go, x, w)
+
+
+# The two configurations a GPU run found wrong (grad_weight with Cout = 1): all 16 rows of the
+# padded Cout axis stored to the one row of the result, 15 of them zeros.
+ISSUE_CONFIGS = {
+    "3d-cin1-cout1-bf16": Config((3, 1, 8, 6, 11), (1, 1, 3, 2, 2), (2, 3, 2), (0, 0, 2),
+                                 (1, 1, 2), dtype="bfloat16", output_padding=(0, 0, 0),
+                                 mask=(False, True, False)),
+    "2d-cin4-cout1-fp32": Config((1, 4, 11, 11), (1, 4, 3, 1), (2, 3), (0, 2), (1, 1),
+                                 output_padding=(0, 0)),
+}
+RANDOM_SEEDS = range(24)
+
+
+@pytest.mark.parametrize("name", list(ISSUE_CONFIGS))
+def test_weight_gradient_with_one_output_channel(name):
+    _emulated(ISSUE_CONFIGS[name])
+
+
+@pytest.mark.parametrize("seed", RANDOM_SEEDS)
+def test_random_configurations_match_reference(seed):
+    _emulated(random_config(seed))
+
+
+@pytest.mark.parametrize("seed", [5, 6, 7])
+def test_sampled_knobs_match_reference(seed):
+    """``knobs=SAMPLE`` (the tuner's space: other tiles, split K) on one configuration."""
+    config = Config((2, 6, 5, 7, 9), (10, 6, 3, 2, 3), (1, 2, 2), (1, 0, 1), (1, 1, 1),
+                    output_padding=(0, 0, 0))
+    go, x, w = _data(config)
+    got = emulate.convolution_backward(go, x, w, target={"kind": "cuda", "arch": "sm_90"},
+                                       knobs="sample", seed=seed, **config.kwargs())
+    _check(config, got, go, x, w)
+
+
+def _dw_config(cin: int, cout: int, dtype: str) -> Config:
+    return Config((2, cin, 4, 7, 6), (cout, cin, 2, 3, 2), (1, 2, 1), (1, 1, 0), (1, 1, 2),
+                  dtype=dtype, output_padding=(0, 0, 0), mask=(False, True, False))
+
+
+@pytest.mark.parametrize("cout", [1, 2, 15, 17])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_weight_gradient_below_one_fractal_simt(dtype, cout):
+    _emulated(_dw_config(3, cout, dtype))
+
+
+@pytest.mark.parametrize("cout", [1, 2, 15, 17])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_weight_gradient_below_one_fractal_tensor_cores_build(dtype, cout):
+    """Tensor cores cannot be emulated: the kernel builds, its accesses are proven in bounds
+    and no two iterations store to one element (``compile_checked``); the ``gpu`` test below
+    runs it."""
+    config = _dw_config(3, cout, dtype)
+    p = convolution_backward_params(config.grad_output_shape(), dtype, config.x, dtype,
+                                    config.weight, dtype, bias_sizes=None, cube_math_type=0,
+                                    **config.kwargs())
+    target = Target({"kind": "cuda", "arch": "sm_90"})
+    prec = kernels.Precision.on(target, p.dtype, p.compute_dtype, p.hf32)
+    graph = graph_of("grad_weight", conv_of(p), prec, False, target)
+    sch = s_tir.Schedule(kernels.prim_func(graph))
+    kernels.schedule(sch, graph, target)
+    source = compile_checked(sch.mod, target).mod.imports[0].inspect_source()
+    assert "mma_sync" in source
+
+
+def test_serial_threads_refuses_tensor_cores():
+    config = _dw_config(3, 16, "float16")
+    with pytest.raises(ValueError, match="serial_threads: the schedule uses tensor cores"):
+        _emulated(config, arch="sm_90")
+
+
+def test_overlapping_writes_are_refused():
+    """A spatial block whose iterator does not pick the element it stores is never compiled."""
+    a = te.placeholder((4,), name="a")
+    b = te.compute((4, 3), lambda i, j: a[i], name="b")
+    func = te.create_prim_func([a, b])
+    compile_checked(IRModule({"main": func}), Target("llvm"))  # one store per element
+    bad = s_tir.Schedule(IRModule({"main": _store_ignoring_j()}))
+    with pytest.raises(OverlappingWritesError, match="iterations over v_j all store to the "
+                                                     "same element of b"):
+        compile_checked(bad.mod, Target("llvm"), "bad")
+
+
+def _store_ignoring_j():
+    from tbe_like._tvm import T
+
+    @T.prim_func(s_tir=True)
+    def func(a: T.Buffer((4,), "float32"), b: T.Buffer((4,), "float32")):
+        for i, j in T.grid(4, 3):
+            with T.sblock("b"):
+                v_i, v_j = T.axis.remap("SS", [i, j])
+                b[v_i] = a[v_i] * T.Cast("float32", v_j)
+
+    return func
+
+
+# ----------------------------------------------------------------------------- on a GPU
+
+
+@pytest.fixture(scope="module")
+def gpu_cache(tmp_path_factory):
+    from tbe_like.cache import KernelCache
+
+    return KernelCache(tmp_path_factory.mktemp("gpu_cache"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda_present(), reason="no CUDA device present")
+@pytest.mark.parametrize("seed", [*RANDOM_SEEDS, *(f"issue-{n}" for n in ISSUE_CONFIGS)])
+def test_gpu_random_configurations_match_reference(gpu_cache, seed):
+    """The same configurations on the GPU, tensor cores included, built for its arch."""
+    from tbe_like._tvm import tvm_runtime
+
+    arch = "sm_" + tvm_runtime.cuda(0).compute_version.replace(".", "")
+    if isinstance(seed, str):
+        config = ISSUE_CONFIGS[seed.removeprefix("issue-")]
+    else:
+        config = random_config(seed)
+    go, x, w = _data(config)
+    got = ops.convolution_backward(go, x, w, bias_sizes=None, cache=gpu_cache,
+                                   target={"kind": "cuda", "arch": arch}, **config.kwargs())
+    _check(config, got, go, x, w)
