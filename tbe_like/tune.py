@@ -35,8 +35,11 @@ TUNED_ENV = "TBE_LIKE_TUNED"
 MEASURE_ENV = "TBE_LIKE_MEASURE"
 # What measured selection may spend timing the candidates of one kernel, after one warm-up call
 # each (their compilation comes on top): at least one call of each, at most MEASURE_ROUNDS.
-MEASURE_SECONDS = 2.0
+MEASURE_SECONDS = 1.0
 MEASURE_ROUNDS = 5
+# A candidate slower than this times the fastest on its first timed call takes no part in the
+# race (its first time is reported).
+MEASURE_CUTOFF = 1.25
 SHIPPED_RECORDS = Path(__file__).resolve().parent / "records"
 RECORD_FILES = ("database_workload.json", "database_tuning_record.json")
 
@@ -181,22 +184,19 @@ def _progress_callback(total: int, flops: float, out=sys.stderr):
     return Progress()
 
 
-def _runner(func, target: Target) -> Callable[[], float]:
-    """Compile a scheduled ``func``; return a function that times one call on random
-    arguments (after one warm-up call at creation)."""
+def _arguments(func, dev) -> list:
+    """Arguments for one call of ``func`` on ``dev``: standard normal values (no denormals,
+    no NaN) in every parameter, outputs included."""
     import numpy as np
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
     from ._tvm import tvm
-    from .bounds import compile_checked
 
-    kernel = compile_checked(IRModule({"main": func}), target)["main"]
-    dev = tvm.runtime.device("cpu" if str(target.kind.name) == "llvm" else "cuda", 0)
     rng = np.random.default_rng(0)
     args = []
     for info in ArgInfo.from_prim_func(func):
         shape, dtype = [int(d) for d in info.shape], str(info.dtype)
-        values = rng.standard_normal(shape).astype("float32")  # no denormals, no NaN
+        values = rng.standard_normal(shape, dtype=np.float32)
         if dtype == "bfloat16":
             import ml_dtypes
 
@@ -204,15 +204,39 @@ def _runner(func, target: Target) -> Callable[[], float]:
         elif dtype != "float32":
             values = values.astype(dtype)
         args.append(tvm.runtime.tensor(values, dev))
+    return args
 
-    def once() -> float:
-        start = time.perf_counter()
-        kernel(*args)
-        dev.sync()
-        return time.perf_counter() - start
 
-    once()
-    return once
+def _runners(funcs: list, target: Target) -> list[Callable[[], float]]:
+    """Compile scheduled ``funcs`` (schedules of one workload: the same parameters), on as many
+    threads as the machine has cores (TVM's passes and LLVM release the GIL for part of it);
+    return for each a function that times one call, after one warm-up call here. The
+    arguments are made once and shared."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ._tvm import tvm
+    from .bounds import compile_checked
+    from .target import cpu_count
+
+    def build(func):
+        return compile_checked(IRModule({"main": func}), target, "a measured candidate")["main"]
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(funcs), cpu_count()))) as pool:
+        kernels = list(pool.map(build, funcs))
+    dev = tvm.runtime.device("cpu" if str(target.kind.name) == "llvm" else "cuda", 0)
+    args = _arguments(funcs[0], dev)
+
+    def timer(kernel) -> Callable[[], float]:
+        def once() -> float:
+            start = time.perf_counter()
+            kernel(*args)
+            dev.sync()
+            return time.perf_counter() - start
+
+        once()
+        return once
+
+    return [timer(kernel) for kernel in kernels]
 
 
 def _race(runners: list[Callable[[], float]], rounds: int = 5) -> list[float]:
@@ -298,7 +322,7 @@ def select(func, default: Callable, target: Target, search: str | os.PathLike,
         except Exception as err:  # a trace of an older template: it cannot win
             print(f"skipped a record whose trace no longer applies: {type(err).__name__}",
                   file=out)
-    base, *times = _race([_runner(f, target) for f in funcs])
+    base, *times = _race(_runners(funcs, target))
     best, best_secs = None, math.inf
     for record, secs in zip(contenders, times, strict=True):
         if secs < best_secs:
@@ -413,13 +437,15 @@ def measured_schedule(func, schedule_with: Callable[[Any, Any], Any], candidates
     options = list(distinct.values())
     if len(options) == 1:
         return options[0][1], None
-    runners = [_runner(sch.mod["main"], target) for _, sch in options]
-    first = [run() for run in runners]
-    rounds = int(MEASURE_SECONDS / (2 * sum(first)))
-    times = first
-    if rounds >= 1:
-        times = [min(a, b) for a, b in zip(first, _race(runners, min(rounds, MEASURE_ROUNDS)),
-                                           strict=True)]
+    runners = _runners([sch.mod["main"] for _, sch in options], target)
+    times = [run() for run in runners]
+    # Candidates far behind after one call are out; the others race within the budget.
+    close = [i for i, t in enumerate(times) if t <= MEASURE_CUTOFF * min(times)]
+    rounds = int(MEASURE_SECONDS / (2 * sum(times[i] for i in close)))
+    if rounds >= 1 and len(close) > 1:
+        raced = _race([runners[i] for i in close], min(rounds, MEASURE_ROUNDS))
+        for i, t in zip(close, raced, strict=True):
+            times[i] = min(times[i], t)
     best = min(range(len(options)), key=times.__getitem__)
     name, sch = options[best]
     ms = _ms()

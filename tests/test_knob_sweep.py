@@ -48,6 +48,9 @@ SHAPES = {
     "stride3-dil2": conv3d(1, 8, (7, 11, 11), 16, (3, 3, 3), stride=3, pad=2, dil=2),
     "dilated2": conv3d(1, 16, (3, 6, 9), 16, (3, 3, 3), pad=2, dil=2),
     "k153-cout1": conv3d(1, 16, (2, 7, 5), 1, (1, 5, 3)),
+    # 5 taps along W (the input gradient's F(2,5)): a tail tile, groups, dilation.
+    "k135-w11-groups2": conv3d(1, 20, (2, 5, 11), 24, (1, 3, 5), pad=2, groups=2),
+    "k115-w13-dil2": conv3d(1, 16, (2, 3, 13), 16, (1, 1, 5), pad=4, dil=2),
     # A 1D layer's long row (its output row was one 1000-lane vector: minutes in LLVM).
     "1d-w1000-k5": kernels.Conv3d(1, 16, 16, (1, 1, 1000), (1, 1, 1000), (1, 1, 5), (1, 1, 1),
                                   (0, 0, 0, 0, 2, 2), (1, 1, 1), 1),
@@ -76,11 +79,12 @@ def _graph(kind, conv, winograd, prec=F32):
 
 
 def _variants(kind, conv):
-    """The distinct graphs of a case: the direct form, and F(2,3) and F(4,3) where they apply."""
+    """The distinct graphs of a case: the direct form, and F(2,3), F(4,3) or F(2,5) where they
+    apply."""
     found = {"direct": False}
     for m in (2, 4):
         if WINOGRAD_STAGE[kind] in stage_names(_graph(kind, conv, m).output):
-            found[f"F({m},3)"] = m
+            found[f"F({m},{conv.kernel[2]})"] = m
     return found
 
 

@@ -1,4 +1,5 @@
-"""Winograd F(2,3) and F(4,3) along W in the CPU input- and weight-gradient kernels
+"""Winograd F(2,3) and F(4,3) (and the input gradient's F(2,5)) along W in the CPU input- and
+weight-gradient kernels
 (``compute.conv3d_backprop_input``, ``compute.conv3d_backprop_filter``).
 
 Each transform is checked against the NumPy reference in float64 and against the direct
@@ -17,7 +18,7 @@ from tbe_like import stages
 from tbe_like._tvm import IRModule, s_tir, tvm
 from tbe_like.bounds import compile_checked
 from tbe_like.compute.conv3d_backprop_input import result_periods
-from tbe_like.compute.winograd import F23, F43
+from tbe_like.compute.winograd import F23, F25, F43, toom_cook
 from tbe_like.ops import kernels
 from tbe_like.target import host_target
 from tbe_like.testing import reference as ref
@@ -78,6 +79,36 @@ def test_winograd_input_gradient_matches_reference(name, m):
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
 
 
+# 5 taps along W: the input gradient's F(2,5).
+CASES_5 = {
+    "1d-odd-w": kernels.Conv3d(2, 16, 16, (1, 1, 23), (1, 1, 23), (1, 1, 5), (1, 1, 1),
+                               (0, 0, 0, 0, 2, 2), (1, 1, 1), 1),
+    "dilated2": conv3d(1, 16, (2, 4, 13), 16, (1, 3, 5), pad=4, dil=2),
+    "groups2-cin20": conv3d(1, 20, (2, 5, 10), 24, (3, 3, 5), pad=2, groups=2),
+    "w1-tail": conv3d(1, 16, (1, 3, 5), 32, (1, 1, 5), pad=0),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES_5))
+def test_winograd_f25_input_gradient_matches_reference(name):
+    conv = CASES_5[name]
+    prec = kernels.Precision("float32", "float32")
+    (dy, w), got = _check(conv, lambda wino: kernels.grad_input(conv, prec, winograd=wino), 2)
+    expected, _, _ = ref.convolution_backward(
+        dy.astype(np.float64), np.zeros(conv.x_shape), w.astype(np.float64),
+        stride=list(conv.strides), padding=[conv.pads[0], conv.pads[2], conv.pads[4]],
+        dilation=list(conv.dilations), transposed=False, output_padding=[0, 0, 0],
+        groups=conv.groups, output_mask=(True, False, False))
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+
+
+def test_winograd_f45_does_not_exist():
+    """winograd=4 on a 5-tap layer: no F(4,5) (its points would reach +-3); W stays direct."""
+    conv = CASES_5["dilated2"]
+    graph = kernels.grad_input(conv, kernels.Precision("float32", "float32"), winograd=4)
+    assert stages.DX_WINO_DY not in stage_names(graph.output)
+
+
 @pytest.mark.parametrize("m", [2, 4])
 @pytest.mark.parametrize("name", list(CASES))
 def test_winograd_weight_gradient_matches_reference(name, m):
@@ -101,13 +132,14 @@ def test_winograd_forward_matches_direct():
     _check(conv, lambda wino: kernels.forward(conv, prec, winograd=wino), 4)
 
 
-def test_winograd_applies_to_stride_one_three_taps_only():
+def test_winograd_applies_to_stride_one_three_or_five_taps_only():
     prec = kernels.Precision("float32", "float32")
     # even-w: 8 columns, 2 F(4,3) tiles (12 multiply-adds a row, F(2,3): 16); dilated2: 9
     # columns 2 apart, F(4,3) and F(2,3) both 24 (4 tiles of 6 points, 6 of 4): the smaller.
     for conv, periods in [(CASES["even-w"], (1, 1, 4)), (CASES["dilated2"], (1, 1, 4)),
                           (conv3d(1, 16, (4, 8, 8), 16, (3, 3, 3), stride=2), (2, 2, 2)),
-                          (conv3d(1, 16, (4, 8, 8), 16, (3, 3, 5), pad=2), (1, 1, 1))]:
+                          (conv3d(1, 16, (4, 8, 8), 16, (3, 3, 5), pad=2), (1, 1, 2)),
+                          (conv3d(1, 16, (4, 8, 8), 16, (3, 3, 7), pad=3), (1, 1, 1))]:
         graph = kernels.grad_input(conv, prec, winograd=True)
         assert graph.row_periods == periods
         assert result_periods(graph.params, winograd=False) == conv.strides
@@ -122,15 +154,21 @@ def test_winograd_applies_to_stride_one_three_taps_only():
     assert kernels.winograd_on(host_target()) and not kernels.winograd_on(cuda)
 
 
-@pytest.mark.parametrize("wino", [F23, F43])
+@pytest.mark.parametrize("wino", [F23, F43, F25, toom_cook(3, 4, (0, 1, -1, 2, -2))],
+                         ids=["F23", "F43", "F25", "F34"])
 def test_winograd_transforms_compute_the_correlation(wino):
-    """AT ((G g) * (BT x)) is the m outputs of the 3-tap correlation of x with g, exactly."""
+    """AT ((G g) * (BT x)) is the m outputs of the r-tap correlation of x with g, exactly."""
     rng = np.random.default_rng(3)
-    x, g = rng.integers(-8, 9, wino.points), rng.integers(-8, 9, 3)
-    bt, gt, at = (np.array(mat, dtype=object) for mat in (wino.bt, wino.g, wino.at))
-    got = at.dot(gt.dot(g) * bt.dot(x))
-    want = [sum(int(x[i + k]) * int(g[k]) for k in range(3)) for i in range(wino.m)]
-    assert list(got) == want
+    for _ in range(5):
+        x, g = rng.integers(-8, 9, wino.points), rng.integers(-8, 9, wino.r)
+        bt, gt, at = (np.array(mat, dtype=object) for mat in (wino.bt, wino.g, wino.at))
+        got = at.dot(gt.dot(g) * bt.dot(x))
+        want = [sum(int(x[i + k]) * int(g[k]) for k in range(wino.r)) for i in range(wino.m)]
+        assert list(got) == want
+
+
+def test_toom_cook_reproduces_f43():
+    assert toom_cook(4, 3, (0, 1, -1, 2, -2)).bt == F43.bt
 
 
 def test_winograd_rejects_an_unknown_tile():

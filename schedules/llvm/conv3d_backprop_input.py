@@ -2,7 +2,7 @@
 
 Each reduction (one in the dense form, one per stride phase in the stride-phase form, see
 ``tbe_like.compute.conv3d_backprop_input``) is a direct correlation or, with Winograd F(m,3)
-along W, a correlation over (kd, kh) of each of the m+2 transformed points, scheduled the same
+along W, a correlation over (kd, kh) of each of the m+r-1 transformed points, scheduled the same
 way (a point's loop goes outside the rows, its tiles take the place of columns):
 
     parallel over (n, d, Winograd point)

@@ -31,9 +31,9 @@ padded, not dilated), ``dx_filter_flip`` (as above), one reduction per phase and
 appended when D is split, and ``dx_res``, which interleaves them. The reductions do exactly the
 multiply-adds of non-zero dy rows, plus those on the H and W padding.
 
-**Winograd F(m,3) along W** (``winograd=True``, stride-phase form, stride 1 and 3 taps in W):
-``dx_wino_dy`` and ``dx_wino_filter`` transform dy and the flipped filter, each reduction
-computes the m+2 transformed points of every tile of m columns over (co, kd, kh), and
+**Winograd F(m,r) along W** (``winograd=True``, stride-phase form, stride 1 and 3 or 5 taps in
+W): ``dx_wino_dy`` and ``dx_wino_filter`` transform dy and the flipped filter, each reduction
+computes the m+r-1 transformed points of every tile of m columns over (co, kd, kh), and
 ``dx_res`` computes the columns from them (see the section below).
 """
 
@@ -370,10 +370,12 @@ def conv3d_backprop_input(w: te.Tensor, dy: te.Tensor, p: BackpropInputParams,
         Build the stride-phase form (no multiply-adds on stride-dilation zeros); ``False`` builds
         the dense form with an explicit dilation stage.
     winograd : bool or int
-        In the stride-phase form, compute W with Winograd F(m,3) where it applies (stride 1 and
-        3 taps along W, see ``_winograd_axis``): True picks m (F(4,3), 6 multiply-adds per 4
-        columns instead of 12, unless F(2,3) does fewer on a short row), 2 or 4 fixes it. The
-        CPU kernels of ``tbe_like.ops`` use it; its stages are float32.
+        In the stride-phase form, compute W with Winograd F(m,r) where it applies (stride 1 and
+        3 or 5 taps along W, see ``_winograd_axis``): True picks m (3 taps: F(4,3), 6
+        multiply-adds per 4 columns instead of 12, unless F(2,3) does fewer on a short row;
+        5 taps: F(2,5), 6 per 2 instead of 10), 2 or 4 fixes it (F(4,5) does not exist: 5-tap
+        layers then stay direct). The CPU kernels of ``tbe_like.ops`` use it; its stages are
+        float32.
     """
     if not stride_phases:
         dy_pad = _pad_dilated(_dilate(dy, p), p)
@@ -406,20 +408,20 @@ def _phase_correlation(w, dy, p, plan, strides, bias, attrs, winograd=False) -> 
     return _result(_interleave(parts, strides, p.geometry.in_spatial), bias, p, attrs)
 
 
-# Winograd F(m,3) along W --------------------------------------------------------------------
+# Winograd F(m,r) along W --------------------------------------------------------------------
 #
-# m neighbouring output columns y of a 3-tap correlation read m+2 dy columns x (``s`` apart with
-# dilation) and the taps g. With the transforms of a tile (Lavin & Gray):
+# m neighbouring output columns y of an r-tap correlation read p = m+r-1 dy columns x (``s``
+# apart with dilation) and the taps g. With the transforms of a tile (Lavin & Gray):
 #
 #     V = BT x      U = G g      M_e = sum over (co, kd, kh) of V_e * U_e      y = AT M
 #
-# the reduction does m+2 multiply-adds per m columns instead of 3m: F(2,3) 4 per 2 (2/3 of the
-# direct form), F(4,3) 6 per 4 (1/2). ``dx_wino_dy`` holds V for every tile (and every dy row
-# and channel) as ``(N, D, m+2, Cout1, H, tiles, C0)``: the plane a point's reduction reads is
+# the reduction does p multiply-adds per m columns instead of r*m: F(2,3) 4 per 2 (2/3 of the
+# direct form), F(4,3) 6 per 4 (1/2), F(2,5) 6 per 2 (3/5). ``dx_wino_dy`` holds V for every
+# tile (and every dy row and channel) as ``(N, D, p, Cout1, H, tiles, C0)``: the plane a point's reduction reads is
 # contiguous (with the point inside H, its rows were 448-byte runs 2688 bytes apart for a 28-
 # column layer; points outside: groups4 dX 0.72, ResNet3D 0.82 of the time in the median of
 # interleaved rounds on a loaded host). ``dx_wino_filter`` holds U, the ``dx_mad*`` stages M as
-# ``(N, D, Cin1, H, m+2, tiles, C0)``; ``dx_res`` computes the columns from M. Tile ``t``
+# ``(N, D, Cin1, H, p, tiles, C0)``; ``dx_res`` computes the columns from M. Tile ``t``
 # covers the columns ``base + j*s`` (j < m) with ``base = (t // s) * m*s + t % s``: with
 # dilation ``s`` the columns of one tile are ``s`` apart, like the dy columns they read.
 
@@ -427,17 +429,20 @@ def _phase_correlation(w, dy, p, plan, strides, bias, attrs, winograd=False) -> 
 def _winograd_axis(plan: list[Phase], strides, winograd: bool | int
                    ) -> tuple[AxisPhase, Winograd] | None:
     """The W axis of every phase and the transform to compute it with, when Winograd applies:
-    stride 1 in W (one W phase, which every reduction shares), 3 taps, one row per step of q.
+    stride 1 in W (one W phase, which every reduction shares), taps with a transform (3 or 5,
+    ``compute.winograd.WINOGRAD``), one row per step of q.
 
     ``winograd``: True takes the tile with fewer multiply-adds over the rounded-up row
-    (F(4,3) unless the row is too short), 2 or 4 that F(m,3); False: None.
+    (F(4,3) unless the row is too short; F(2,5)), 2 or 4 that F(m,r) if there is one; False:
+    None.
     """
     if not winograd or not plan:
         return None
     axis = plan[0].axes[2]
-    if strides[2] != 1 or axis.taps != 3 or axis.q_step != 1 or axis.q0 != 0:
+    if strides[2] != 1 or axis.q_step != 1 or axis.q0 != 0:
         return None
-    return axis, choose(winograd, axis.rows, axis.dy_step, INPUT_OP)
+    wino = choose(winograd, axis.rows, axis.dy_step, INPUT_OP, taps=axis.taps)
+    return None if wino is None else (axis, wino)
 
 
 def _winograd_tiles(axis: AxisPhase, m: int) -> int:
@@ -461,7 +466,7 @@ def _winograd_filter(w_flip: te.Tensor, axis: AxisPhase, wino: Winograd) -> te.T
     g, kd, kh, _, cout, cin = (int(x) for x in w_flip.shape)
 
     def body(grp, a, b, e, co, ci):
-        k = [w_flip[grp, a, b, axis.flip(c), co, ci].astype(ACC_DTYPE) for c in range(3)]
+        k = [w_flip[grp, a, b, axis.flip(c), co, ci].astype(ACC_DTYPE) for c in range(wino.r)]
         return pick(e, [combine(row, k) for row in wino.g])
 
     return te.compute((g, kd, kh, wino.points, cout, cin), body,

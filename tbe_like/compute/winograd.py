@@ -1,7 +1,9 @@
-"""Winograd minimal filtering F(m, 3) along W, shared by the input and the weight gradient.
+"""Winograd minimal filtering F(m, r) along W, shared by the input and the weight gradient.
 
-F(m, 3) computes m outputs of a 3-tap correlation ``y_i = sum_k x[i + k] * g[k]`` from m+2
-inputs with m+2 multiplications (Lavin & Gray):
+F(m, r) computes m outputs of an r-tap correlation ``y_i = sum_k x[i + k] * g[k]`` from
+m+r-1 inputs with m+r-1 multiplications (Lavin & Gray); F(2,3) and F(4,3) serve both gradients
+(3 taps), F(2,5) the input gradient of 5-tap layers (6 multiplications per 2 columns instead of
+10; the points of F(4,3), so the same rounding):
 
     y = AT ((G g) * (BT x))
 
@@ -33,7 +35,7 @@ ACC_DTYPE = "float32"
 
 @dataclass(frozen=True)
 class Winograd:
-    """The transforms of F(m, 3): ``bt`` (m+2, m+2), ``g`` (m+2, 3), ``at`` (m, m+2)."""
+    """The transforms of F(m, r): ``bt`` (p, p), ``g`` (p, r), ``at`` (m, p); p = m + r - 1."""
 
     m: int
     bt: tuple[tuple[Fraction, ...], ...]
@@ -41,8 +43,13 @@ class Winograd:
     at: tuple[tuple[Fraction, ...], ...]
 
     @property
+    def r(self) -> int:
+        """The taps."""
+        return len(self.g[0])
+
+    @property
     def points(self) -> int:
-        return self.m + 2
+        return self.m + self.r - 1
 
 
 def _fractions(rows) -> tuple[tuple[Fraction, ...], ...]:
@@ -59,20 +66,67 @@ F43 = Winograd(4, _fractions([(4, 0, -5, 0, 1, 0), (0, -4, -4, 1, 1, 0), (0, 4, 
                            ("1/24", "1/12", "1/6"), ("1/24", "-1/12", "1/6"), (0, 0, 1)]),
                _fractions([(1, 1, 1, 1, 1, 0), (0, 1, -1, 2, -2, 0), (0, 1, 1, 4, 4, 0),
                            (0, 1, -1, 8, -8, 1)]))
-WINOGRAD = {2: F23, 4: F43}
 
 
-def choose(winograd: bool | int, columns: int, s: int, op: str) -> Winograd:
-    """The transform for a row of ``columns`` outputs ``s`` apart: ``winograd`` True takes the
-    one with fewer multiply-adds over the rounded-up row (a tie keeps the smaller tile), 2 or 4
-    that F(m,3)."""
+def toom_cook(m: int, r: int, finite: tuple[int, ...]) -> Winograd:
+    """F(m, r) from the interpolation points ``finite`` (m + r - 2 of them) and infinity.
+
+    ``at[i][j] = a_j**i`` (the infinite point adds to the last output), ``g[j][k] = a_j**k /
+    prod_l (a_j - a_l)`` and row j of ``bt`` is the polynomial ``prod_{l != j} (x - a_l)``
+    (the infinite point's: the product over every point); the test checks the identity
+    exactly.
+    """
+    if len(finite) != m + r - 2:
+        raise ValueError(f"F({m},{r}) needs {m + r - 2} finite points, got {finite}")
+    n = m + r - 1
+    points = [Fraction(a) for a in finite]
+
+    def poly(roots) -> list[Fraction]:  # coefficients of prod (x - root), lowest first
+        coeffs = [Fraction(1)]
+        for root in roots:
+            coeffs = [(coeffs[i - 1] if i else 0) - root * (coeffs[i] if i < len(coeffs) else 0)
+                      for i in range(len(coeffs) + 1)]
+        return coeffs
+
+    def pad(coeffs):
+        return tuple(coeffs) + (Fraction(0),) * (n - len(coeffs))
+
+    at = [[a ** i for a in points] + [Fraction(int(i == m - 1))] for i in range(m)]
+    g = []
+    for j, a in enumerate(points):
+        scale = 1
+        for l, b in enumerate(points):
+            if l != j:
+                scale *= a - b
+        g.append([a ** k / scale for k in range(r)])
+    g.append([Fraction(int(k == r - 1)) for k in range(r)])
+    bt = [pad(poly([b for l, b in enumerate(points) if l != j])) for j in range(n - 1)]
+    bt.append(pad(poly(points)))
+    return Winograd(m, tuple(bt), tuple(tuple(row) for row in g),
+                    tuple(tuple(row) for row in at))
+
+
+F25 = toom_cook(2, 5, (0, 1, -1, 2, -2))
+# The transforms by taps, then by m.
+WINOGRAD = {3: {2: F23, 4: F43}, 5: {2: F25}}
+
+
+def choose(winograd: bool | int, columns: int, s: int, op: str, taps: int = 3
+           ) -> Winograd | None:
+    """The transform for a row of ``columns`` outputs ``s`` apart of a ``taps``-tap
+    correlation: ``winograd`` True takes the one with fewer multiply-adds over the rounded-up
+    row (a tie keeps the smaller tile), 2 or 4 that F(m, taps). None where there is none for
+    these taps (F(4,5) is not offered: its points would reach +-3)."""
+    sizes = sorted({m for table in WINOGRAD.values() for m in table})
+    if winograd is not True and not (isinstance(winograd, int) and winograd in sizes):
+        raise ValueError(f"{op}: winograd must be a bool or one of {sizes}, got {winograd!r}")
+    table = WINOGRAD.get(taps, {})
     if winograd is True:
-        m = min(WINOGRAD, key=lambda m: (winograd_tiles(columns, m, s) * (m + 2), m))
-        return WINOGRAD[m]
-    if isinstance(winograd, int) and winograd in WINOGRAD:
-        return WINOGRAD[winograd]
-    raise ValueError(f"{op}: winograd must be a bool or one of {sorted(WINOGRAD)}, got "
-                     f"{winograd!r}")
+        if not table:
+            return None
+        m = min(table, key=lambda m: (winograd_tiles(columns, m, s) * table[m].points, m))
+        return table[m]
+    return table.get(winograd)
 
 
 def winograd_tiles(columns: int, m: int, s: int) -> int:
