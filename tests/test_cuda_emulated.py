@@ -154,6 +154,30 @@ def test_sampled_knobs_match_reference(seed):
     _check(config, got, go, x, w)
 
 
+# DeconvGradFilter (NHWC): (dy, x, kernel, stride, pad, dilation, group, dtype), as test_ops.
+DECONV = {
+    "seed-example": ((2, 4, 4, 16), (2, 4, 4, 16), 4, 1, (1, 2), 1, 1, "float32"),
+    "fp16-s2-groups": ((1, 9, 11, 8), (1, 4, 5, 6), 3, 2, 1, 1, 2, "float16"),
+    "dilated": ((2, 7, 8, 6), (2, 3, 3, 9), (2, 3), (2, 2), (0, 1), (2, 1), 3, "float32"),
+    "in-c1": ((1, 8, 8, 16), (1, 4, 4, 1), 3, 2, 1, 1, 1, "float32"),
+}
+
+
+@pytest.mark.parametrize("name", list(DECONV))
+def test_deconv_grad_filter_matches_reference(name):
+    dys, xs, k, s, p, d, g, dt = DECONV[name]
+    rng = np.random.default_rng(3)
+    dy = rng.standard_normal(dys).astype(NP_DTYPES[dt])
+    x = rng.standard_normal(xs).astype(NP_DTYPES[dt])
+    got = emulate.deconv_grad_filter(dy, x, target={"kind": "cuda", "arch": EMULATED_ARCH[dt]},
+                                     kernel=k, stride=s, pad=p, dilation=d, group=g)
+    want = ref.deconv_grad_filter(dy.astype(np.float64), x.astype(np.float64), kernel=k,
+                                  stride=s, pad=p, dilation=d, group=g)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=0,
+                               atol=RTOL[dt] * np.abs(want).max())
+
+
 def _dw_config(cin: int, cout: int, dtype: str) -> Config:
     return Config((2, cin, 4, 7, 6), (cout, cin, 2, 3, 2), (1, 2, 1), (1, 1, 0), (1, 1, 2),
                   dtype=dtype, output_padding=(0, 0, 0), mask=(False, True, False))
@@ -241,3 +265,22 @@ def test_gpu_random_configurations_match_reference(gpu_cache, seed):
     got = ops.convolution_backward(go, x, w, bias_sizes=None, cache=gpu_cache,
                                    target={"kind": "cuda", "arch": arch}, **config.kwargs())
     _check(config, got, go, x, w)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda_present(), reason="no CUDA device present")
+@pytest.mark.parametrize("name", list(DECONV))
+def test_gpu_deconv_grad_filter_matches_reference(gpu_cache, name):
+    from tbe_like._tvm import tvm_runtime
+
+    arch = "sm_" + tvm_runtime.cuda(0).compute_version.replace(".", "")
+    dys, xs, k, s, p, d, g, dt = DECONV[name]
+    rng = np.random.default_rng(3)
+    dy = rng.standard_normal(dys).astype(NP_DTYPES[dt])
+    x = rng.standard_normal(xs).astype(NP_DTYPES[dt])
+    got = ops.deconv_grad_filter(dy, x, kernel=k, stride=s, pad=p, dilation=d, group=g,
+                                 cache=gpu_cache, target={"kind": "cuda", "arch": arch})
+    want = ref.deconv_grad_filter(dy.astype(np.float64), x.astype(np.float64), kernel=k,
+                                  stride=s, pad=p, dilation=d, group=g)
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=0,
+                               atol=RTOL[dt] * np.abs(want).max())

@@ -417,13 +417,14 @@ def _phase_correlation(w, dy, p, plan, strides, bias, attrs, winograd=False) -> 
 #
 # the reduction does p multiply-adds per m columns instead of r*m: F(2,3) 4 per 2 (2/3 of the
 # direct form), F(4,3) 6 per 4 (1/2), F(2,5) 6 per 2 (3/5). ``dx_wino_dy`` holds V for every
-# tile (and every dy row and channel) as ``(N, D, p, Cout1, H, tiles, C0)``: the plane a point's reduction reads is
-# contiguous (with the point inside H, its rows were 448-byte runs 2688 bytes apart for a 28-
-# column layer; points outside: groups4 dX 0.72, ResNet3D 0.82 of the time in the median of
-# interleaved rounds on a loaded host). ``dx_wino_filter`` holds U, the ``dx_mad*`` stages M as
-# ``(N, D, Cin1, H, p, tiles, C0)``; ``dx_res`` computes the columns from M. Tile ``t``
-# covers the columns ``base + j*s`` (j < m) with ``base = (t // s) * m*s + t % s``: with
-# dilation ``s`` the columns of one tile are ``s`` apart, like the dy columns they read.
+# tile (and every dy row and channel) as ``(N, D, p, Cout1, H, tiles, C0)``: the plane a
+# point's reduction reads is contiguous (with the point inside H, its rows were 448-byte runs
+# 2688 bytes apart for a 28-column layer; points outside: groups4 dX 0.72, ResNet3D 0.82 of
+# the time in the median of interleaved rounds on a loaded host). ``dx_wino_filter`` holds U,
+# the ``dx_mad*`` stages M as ``(N, D, Cin1, H, p, tiles, C0)``; ``dx_res`` computes the
+# columns from M. Tile ``t`` covers the columns ``base + j*s`` (j < m) with ``base = (t // s)
+# * m*s + t % s``: with dilation ``s`` the columns of one tile are ``s`` apart, like the dy
+# columns they read.
 
 
 def _winograd_axis(plan: list[Phase], strides, winograd: bool | int

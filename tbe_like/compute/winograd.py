@@ -95,12 +95,12 @@ def toom_cook(m: int, r: int, finite: tuple[int, ...]) -> Winograd:
     g = []
     for j, a in enumerate(points):
         scale = 1
-        for l, b in enumerate(points):
-            if l != j:
+        for i, b in enumerate(points):
+            if i != j:
                 scale *= a - b
         g.append([a ** k / scale for k in range(r)])
     g.append([Fraction(int(k == r - 1)) for k in range(r)])
-    bt = [pad(poly([b for l, b in enumerate(points) if l != j])) for j in range(n - 1)]
+    bt = [pad(poly([b for i, b in enumerate(points) if i != j])) for j in range(n - 1)]
     bt.append(pad(poly(points)))
     return Winograd(m, tuple(bt), tuple(tuple(row) for row in g),
                     tuple(tuple(row) for row in at))

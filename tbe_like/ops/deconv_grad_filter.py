@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..cache import KernelCache, default_cache
+from ..kernel import Kernel
 from ..tune import records_fingerprint
 from . import kernels
 from .arrays import check_array, dtype_name, target_of
@@ -30,7 +31,8 @@ def conv_of(p: DeconvGradFilterParams) -> kernels.Conv3d:
                           dilations=(1, *p.dilation), groups=p.group)
 
 
-def _graph(p: DeconvGradFilterParams, target) -> kernels.Graph:
+def graph_of(p: DeconvGradFilterParams, target) -> kernels.Graph:
+    """The kernel graph: the 3D weight-gradient core on NHWC operands, its rows reordered."""
     conv = conv_of(p)
     kh, kw = p.kernel
     cout_pg = conv.cout // conv.groups  # in_c / group
@@ -48,16 +50,19 @@ def _graph(p: DeconvGradFilterParams, target) -> kernels.Graph:
 class DeconvGradFilterExecutor:
     """The compiled kernel for one set of shapes and parameters; call it with ``(dy, x)``."""
 
-    def __init__(self, p: DeconvGradFilterParams, target, cache: KernelCache):
+    def __init__(self, p: DeconvGradFilterParams, target, cache: KernelCache,
+                 built: Kernel | None = None):
         self.params = p
         self.target = target
-        fields = {"params": p.as_dict(), "records": records_fingerprint()}
+        if built is None:
+            fields = {"params": p.as_dict(), "records": records_fingerprint()}
 
-        def build(output_dir, kernel_name):
-            kernels.build(_graph(p, target), target, output_dir, kernel_name, DECONV_OP,
-                          {"params": p.seed_params(), "dtype": p.dtype})
+            def build(output_dir, kernel_name):
+                kernels.build(graph_of(p, target), target, output_dir, kernel_name, DECONV_OP,
+                              {"params": p.seed_params(), "dtype": p.dtype})
 
-        self.kernel = cache.get(DECONV_OP, fields, target, build)
+            built = cache.get(DECONV_OP, fields, target, build)
+        self.kernel = built
         self.workspace_size = int(self.kernel.metadata["para_dict"].get("workspace_bytes", 0))
 
     def __call__(self, dy: np.ndarray, x: np.ndarray) -> np.ndarray:

@@ -93,10 +93,7 @@ def convolution_backward(grad_output: np.ndarray, input: np.ndarray, weight: np.
     )
     from ..ops.params import OP, convolution_backward_params
 
-    cuda = target_of(OP, target)
-    if str(cuda.kind.name) != "cuda":
-        raise ValueError(f"emulate.convolution_backward: target must be a CUDA target, got "
-                         f"{cuda.kind.name}")
+    cuda = _cuda(OP, target_of(OP, target))
     arrays = {"grad_output": grad_output, "input": input, "weight": weight}
     kwargs.setdefault("bias_sizes", None)
     for name, default in (("transposed", False), ("output_padding", 0), ("groups", 1),
@@ -113,4 +110,25 @@ def convolution_backward(grad_output: np.ndarray, input: np.ndarray, weight: np.
     return executor(grad_output, input, weight)
 
 
-__all__ = ["convolution_backward", "emulated_kernel", "serial_threads"]
+def deconv_grad_filter(dy: np.ndarray, x: np.ndarray, *, target: Any, knobs: Any = None,
+                       seed: int | None = None, **kwargs: Any) -> np.ndarray:
+    """``tbe_like.ops.deconv_grad_filter`` with its CUDA kernel run by :func:`emulated_kernel`
+    (same arguments; ``target`` a CUDA target)."""
+    from ..ops.arrays import target_of
+    from ..ops.deconv_grad_filter import DeconvGradFilterExecutor, graph_of
+    from ..ops.params import DECONV_OP, deconv_grad_filter_params
+
+    cuda = _cuda(DECONV_OP, target_of(DECONV_OP, target))
+    p = deconv_grad_filter_params(tuple(dy.shape), dy.dtype, tuple(x.shape), x.dtype, **kwargs)
+    kernel = emulated_kernel(graph_of(p, cuda), cuda, knobs, "emulated_deconv_grad_filter", seed)
+    return DeconvGradFilterExecutor(p, cuda, cache=None, built=kernel)(dy, x)
+
+
+def _cuda(op: str, target: Target) -> Target:
+    if str(target.kind.name) != "cuda":
+        raise ValueError(f"emulate: {op} needs a CUDA target to emulate, got "
+                         f"{target.kind.name}")
+    return target
+
+
+__all__ = ["convolution_backward", "deconv_grad_filter", "emulated_kernel", "serial_threads"]
