@@ -21,7 +21,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -207,11 +207,13 @@ def _arguments(func, dev) -> list:
     return args
 
 
-def _runners(funcs: list, target: Target) -> list[Callable[[], float]]:
-    """Compile scheduled ``funcs`` (schedules of one workload: the same parameters), on as many
-    threads as the machine has cores (TVM's passes and LLVM release the GIL for part of it);
-    return for each a function that times one call, after one warm-up call here. The
-    arguments are made once and shared."""
+def _runners(funcs: list, target: Target, symbol: str = "main"
+             ) -> tuple[list[Callable[[], float]], list]:
+    """Compile scheduled ``funcs`` (schedules of one workload: the same parameters) as
+    functions named ``symbol``, on as many threads as the machine has cores (TVM's passes and
+    LLVM release the GIL for part of it); return for each a function that times one call,
+    after one warm-up call here (the arguments are made once and shared), and the
+    executables."""
     from concurrent.futures import ThreadPoolExecutor
 
     from ._tvm import tvm
@@ -219,10 +221,12 @@ def _runners(funcs: list, target: Target) -> list[Callable[[], float]]:
     from .target import cpu_count
 
     def build(func):
-        return compile_checked(IRModule({"main": func}), target, "a measured candidate")["main"]
+        mod = IRModule({"main": func.with_attr("global_symbol", symbol)})
+        return compile_checked(mod, target, "a measured candidate")
 
     with ThreadPoolExecutor(max_workers=max(1, min(len(funcs), cpu_count()))) as pool:
-        kernels = list(pool.map(build, funcs))
+        executables = list(pool.map(build, funcs))
+    kernels = [executable[symbol] for executable in executables]
     dev = tvm.runtime.device("cpu" if str(target.kind.name) == "llvm" else "cuda", 0)
     args = _arguments(funcs[0], dev)
 
@@ -236,7 +240,7 @@ def _runners(funcs: list, target: Target) -> list[Callable[[], float]]:
         once()
         return once
 
-    return [timer(kernel) for kernel in kernels]
+    return [timer(kernel) for kernel in kernels], executables
 
 
 def _race(runners: list[Callable[[], float]], rounds: int = 5) -> list[float]:
@@ -322,7 +326,7 @@ def select(func, default: Callable, target: Target, search: str | os.PathLike,
         except Exception as err:  # a trace of an older template: it cannot win
             print(f"skipped a record whose trace no longer applies: {type(err).__name__}",
                   file=out)
-    base, *times = _race(_runners(funcs, target))
+    base, *times = _race(_runners(funcs, target)[0])
     best, best_secs = None, math.inf
     for record, secs in zip(contenders, times, strict=True):
         if secs < best_secs:
@@ -392,11 +396,14 @@ def tune(func, space: Callable, target: Target, trials: int, records: str | os.P
 @dataclass(frozen=True)
 class Selection:
     """What measured selection did for one kernel: the knobs it chose among ``times`` (each
-    candidate's fastest call, seconds), and the seconds it took (compiling and timing)."""
+    candidate's fastest call, seconds), and the seconds it took (compiling and timing).
+    ``executable``: the chosen candidate as compiled (when it was compiled under the kernel's
+    name: the build uses it instead of compiling it again)."""
 
     choice: str
     times: dict[str, float]
     seconds: float
+    executable: Any = field(default=None, repr=False, compare=False)
 
     def as_dict(self) -> dict:
         return {"choice": self.choice, "seconds": round(self.seconds, 3),
@@ -412,8 +419,8 @@ def measuring(target: Target) -> bool:
 
 
 def measured_schedule(func, schedule_with: Callable[[Any, Any], Any], candidates: list,
-                      target: Target, records: str | os.PathLike | None = None
-                      ) -> tuple[Any, Selection | None]:
+                      target: Target, records: str | os.PathLike | None = None,
+                      symbol: str = "main") -> tuple[Any, Selection | None]:
     """Like cuDNN's benchmark mode or FFTW's planner: schedule ``func`` with each knobs value
     in ``candidates`` (``schedule_with(sch, knobs)``), compile the distinct schedules, time
     them here side by side (:func:`_race`, within ``MEASURE_SECONDS``), and store the fastest
@@ -421,7 +428,8 @@ def measured_schedule(func, schedule_with: Callable[[Any, Any], Any], candidates
     ``<cache dir>/records``), which later builds replay (:func:`lookup`).
 
     Returns the fastest schedule and what was done (``None`` when the candidates give one
-    schedule: nothing to time, nothing stored).
+    schedule: nothing to time, nothing stored); the candidates are compiled as functions
+    named ``symbol``, and the selection keeps the winner's executable.
     """
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
     from tvm_ffi import structural_hash
@@ -437,7 +445,7 @@ def measured_schedule(func, schedule_with: Callable[[Any, Any], Any], candidates
     options = list(distinct.values())
     if len(options) == 1:
         return options[0][1], None
-    runners = _runners([sch.mod["main"] for _, sch in options], target)
+    runners, executables = _runners([sch.mod["main"] for _, sch in options], target, symbol)
     times = [run() for run in runners]
     # Candidates far behind after one call are out; the others race within the budget.
     close = [i for i, t in enumerate(times) if t <= MEASURE_CUTOFF * min(times)]
@@ -454,12 +462,12 @@ def measured_schedule(func, schedule_with: Callable[[Any, Any], Any], candidates
     replace_record(records if records is not None else cache_dir() / "records", mod, target,
                    record, [times[best]])
     selection = Selection(name, {n: t for (n, _), t in zip(options, times, strict=True)},
-                          time.perf_counter() - start)
+                          time.perf_counter() - start, executables[best])
     return sch, selection
 
 
-def plan(func, schedule_with: Callable[[Any, Any], Any], candidates: list, target: Target
-         ) -> tuple[Any, str, Selection | None]:
+def plan(func, schedule_with: Callable[[Any, Any], Any], candidates: list, target: Target,
+         symbol: str = "main") -> tuple[Any, str, Selection | None]:
     """How a build schedules ``func``: the stored record (``"record"``), else on a CPU the
     fastest of ``candidates`` measured here (``"measured"``, :func:`measured_schedule`), else
     the rule's default (``"rule"``). Returns the schedule, its origin and the selection."""
@@ -469,7 +477,8 @@ def plan(func, schedule_with: Callable[[Any, Any], Any], candidates: list, targe
     if sch is not None:
         return sch, "record", None
     if measuring(target):
-        sch, selection = measured_schedule(func, schedule_with, candidates, target)
+        sch, selection = measured_schedule(func, schedule_with, candidates, target,
+                                           symbol=symbol)
         return sch, "rule" if selection is None else "measured", selection
     return schedule_with(s_tir.Schedule(workload(func)), None), "rule", None
 

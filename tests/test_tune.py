@@ -218,7 +218,7 @@ def measuring(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("kind", ["grad_weight", "grad_input"])
-def test_measured_selection_stores_the_fastest_candidate(measuring, kind):
+def test_measured_selection_stores_the_fastest_candidate(measuring, monkeypatch, kind):
     """A build without a record times the rule's candidates here, keeps the fastest as a
     record of this workload and target, and the next build replays it without timing."""
     from tbe_like.cache import cache_dir
@@ -230,7 +230,16 @@ def test_measured_selection_stores_the_fastest_candidate(measuring, kind):
     graph = graph_of(kind, conv, kernels.Precision("float32", "float32"))
     func = kernels.prim_func(graph)
     assert lookup(func, target) is None
+    compiles = []
+    compile_checked = kernels.compile_checked
+
+    def counted(*args, **kwargs):
+        compiles.append(args[-1])
+        return compile_checked(*args, **kwargs)
+
+    monkeypatch.setattr(kernels, "compile_checked", counted)
     first = kernels.build(graph, target, measuring / "k1", "first", graph.op, {})
+    assert compiles == []  # the build exports the winner as selection compiled it
     selection = first.metadata["para_dict"]["selection"]
     times = selection["times_ms"]
     assert len(times) >= 2 and selection["choice"] in times
@@ -239,6 +248,7 @@ def test_measured_selection_stores_the_fastest_candidate(measuring, kind):
     assert (cache_dir() / "records" / "database_tuning_record.json").is_file()
     assert lookup(func, target) is not None
     second = kernels.build(graph, target, measuring / "k2", "second", graph.op, {})
+    assert compiles == ["second"]  # the record's schedule, compiled by the build
     assert second.metadata["para_dict"]["tuned"] and "selection" not in second.metadata[
         "para_dict"]
     rng = np.random.default_rng(5)

@@ -266,10 +266,13 @@ def build(graph: Graph, target: Target, output_dir, kernel_name: str, op: str,
 
     func = prim_func(graph)
     sch, origin, selection = plan(func, lambda s, knobs: schedule(s, graph, target, knobs),
-                                  candidates(graph.op, target), target)
+                                  candidates(graph.op, target), target, symbol=kernel_name)
     tuned = origin == "record"
     mod = IRModule({"main": sch.mod["main"].with_attr("global_symbol", kernel_name)})
-    executable = compile_checked(mod, target, kernel_name)
+    if selection is not None and selection.executable is not None:
+        executable = selection.executable  # measured selection compiled it already
+    else:
+        executable = compile_checked(mod, target, kernel_name)
     tensors = [*graph.inputs, graph.output]
     specs = [TensorSpec(t.op.name, tuple(int(s) for s in t.shape), str(t.dtype), layout)
              for t, layout in zip(tensors, graph.layouts, strict=True)]
