@@ -284,3 +284,55 @@ def test_gpu_deconv_grad_filter_matches_reference(gpu_cache, name):
                                   stride=s, pad=p, dilation=d, group=g)
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=0,
                                atol=RTOL[dt] * np.abs(want).max())
+
+
+# ----------------------------------------------------------------------------- DSL operators
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("name", ["seed000-small", "stride-123", "dilation-2", "k1x1x1",
+                                  "channels-20-36", "groups-4", "depthwise"])
+def test_dsl_weight_gradient_matches_reference(name, dtype):
+    """``dsl.conv3d_backprop_filter`` scheduled for CUDA (test_cuda's shapes), run serially."""
+    from test_cuda import CONVS
+
+    from tbe_like import dsl, layout
+
+    conv = replace(CONVS[name], dtype=dtype)
+    _, res = conv.filter_op()
+    kernel = emulate.emulated_dsl_kernel(
+        dsl.auto_schedule(res, target={"kind": "cuda", "arch": EMULATED_ARCH[dtype]}))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((conv.n, conv.cin, *conv.spatial)).astype(NP_DTYPES[dtype])
+    dy = rng.standard_normal((conv.n, conv.cout, *conv.out_spatial)).astype(NP_DTYPES[dtype])
+    dw = kernel(layout.to_ndc1hwc0(x), layout.to_ndc1hwc0(dy))
+    expected = ref.conv3d_backprop_filter(x.astype(np.float64), dy.astype(np.float64),
+                                          conv.kernel, conv.strides, conv.pads, conv.dilations,
+                                          groups=conv.groups)
+    got = layout.from_fractal_z_3d(dw.reshape(-1, dw.shape[2] // 16, 16, 16),
+                                   conv.weight_shape, groups=conv.groups)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("name", ["k3-pad1-c64", "stride-123", "dilation-2", "k1x1x1",
+                                  "channels-20-36", "groups-4", "depthwise"])
+def test_dsl_input_gradient_matches_reference(name, dtype):
+    """``dsl.conv3d_backprop_input`` (every stride phase) scheduled for CUDA, run serially."""
+    from test_cuda import CONVS
+
+    from tbe_like import dsl, layout
+
+    conv = replace(CONVS[name], dtype=dtype)
+    _, res = conv.input_op(res_dtype="float32")
+    kernel = emulate.emulated_dsl_kernel(
+        dsl.auto_schedule(res, target={"kind": "cuda", "arch": EMULATED_ARCH[dtype]}))
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal(conv.weight_shape).astype(NP_DTYPES[dtype])
+    dy = rng.standard_normal((conv.n, conv.cout, *conv.out_spatial)).astype(NP_DTYPES[dtype])
+    dx = kernel(layout.to_fractal_z_3d(w, groups=conv.groups), layout.to_ndc1hwc0(dy))
+    expected = ref.conv3d_backprop_input(dy.astype(np.float64), w.astype(np.float64),
+                                         conv.spatial, conv.strides, conv.pads, conv.dilations,
+                                         groups=conv.groups)
+    expected = layout.to_ndc1hwc0(expected).reshape(dx.shape)
+    np.testing.assert_allclose(dx, expected, rtol=0, atol=1e-5 * np.abs(expected).max())

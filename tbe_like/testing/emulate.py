@@ -65,16 +65,27 @@ def emulated_kernel(graph, target: Target, knobs: Any = None, name: str = "emula
 
     sch = s_tir.Schedule(kernels.prim_func(graph), seed=seed)
     kernels.schedule(sch, graph, target, knobs)
-    compile_checked(sch.mod, target, name)  # the CUDA kernel itself builds and is in bounds
-    workspace = kernels.workspace_bytes(sch.mod)
-    serial = serial_threads(sch.mod)
-    executable = compile_checked(serial, CPU, name)
-    tensors = [*graph.inputs, graph.output]
+    return _kernel(sch.mod, target, [*graph.inputs, graph.output], graph.layouts, name)
+
+
+def emulated_dsl_kernel(schedule, name: str = "emulated") -> Kernel:
+    """The kernel of a DSL schedule (``dsl.auto_schedule(res, target=<CUDA target>)``), run
+    serially on this CPU; called like ``dsl.build``'s kernel, on the same arrays."""
+    tensors = [*schedule.inputs, schedule.output]
+    return _kernel(schedule.sch.mod, schedule.target, tensors, [""] * len(tensors), name)
+
+
+def _kernel(mod: IRModule, target: Target, tensors: list, layouts: list, name: str) -> Kernel:
+    from ..ops import kernels
+
+    _cuda("emulate", target)
+    compile_checked(mod, target, name)  # the CUDA kernel itself builds and is in bounds
+    executable = compile_checked(serial_threads(mod), CPU, name)
     specs = [{"name": t.op.name, "shape": [int(s) for s in t.shape], "dtype": str(t.dtype),
-              "layout": layout} for t, layout in zip(tensors, graph.layouts, strict=True)]
+              "layout": layout} for t, layout in zip(tensors, layouts, strict=True)]
     metadata = {"kernel_name": name, "inputs": specs[:-1], "outputs": specs[-1:],
                 "target_kind": "llvm",
-                "para_dict": {"workspace_bytes": workspace}}
+                "para_dict": {"workspace_bytes": kernels.workspace_bytes(mod)}}
     return Kernel(executable["main"], metadata, module=executable)
 
 
@@ -131,4 +142,5 @@ def _cuda(op: str, target: Target) -> Target:
     return target
 
 
-__all__ = ["convolution_backward", "deconv_grad_filter", "emulated_kernel", "serial_threads"]
+__all__ = ["convolution_backward", "deconv_grad_filter", "emulated_dsl_kernel",
+           "emulated_kernel", "serial_threads"]
