@@ -263,7 +263,7 @@ def _schedule_of(row: dict) -> str:
     selection = row["selection"]
     if not selection:
         return "rule"
-    choice = selection["choice"]  # "Heuristic(lanes=16, split_k=True, accumulators=None)"
+    choice = selection["choice"]  # "Heuristic(lanes=16, split_k=True)": the fields set
     lanes = choice.split("lanes=")[1].split(",")[0].rstrip(")")
     cap = choice.split("accumulators=")[1].rstrip(")") if "accumulators=" in choice else "None"
     return (f"L{lanes}" + ("" if cap == "None" else f"a{cap}")

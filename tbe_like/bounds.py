@@ -230,8 +230,6 @@ def _enumerated(index, extent, facts, loops, values) -> bool:
     analyzer cannot follow (CUDA's padded write-back of a grouped weight gradient: ``v2 // 16
     % 3 + v2 // 48 % 3 * 3 + v2 // 144 * 9 < 27`` under ``v2 < 432``, v2 a fused loop
     expression). ``False`` when it cannot decide."""
-    import numpy as np
-
     def free(expr, seen):
         for var in undefined_vars(expr):
             if var in values:
@@ -343,17 +341,22 @@ def check_bounds(func) -> list[str]:
     return checker.problems
 
 
-def assert_in_bounds(mod, what: str = "kernel") -> None:
-    """Raise :class:`OutOfBoundsError` unless every function of ``mod`` is proven in bounds."""
+def _refuse(mod, check, error: type[Exception], what: str, finding: str) -> None:
+    """Raise ``error`` listing what ``check`` (a PrimFunc -> problems function) finds in any
+    function of ``mod``: "the schedule of <what> <finding>; not compiled", then the problems."""
     problems = []
     for gv, func in mod.functions.items():
         if isinstance(func, tirx.PrimFunc):
-            problems += [f"{gv.name_hint}: {p}" for p in check_bounds(func)]
+            problems += [f"{gv.name_hint}: {p}" for p in check(func)]
     if problems:
         shown = "\n  ".join(problems[:8])
         more = f"\n  ... and {len(problems) - 8} more" if len(problems) > 8 else ""
-        raise OutOfBoundsError(f"tbe_like: the schedule of {what} may access memory out of "
-                               f"bounds; not compiled:\n  {shown}{more}")
+        raise error(f"tbe_like: the schedule of {what} {finding}; not compiled:\n  {shown}{more}")
+
+
+def assert_in_bounds(mod, what: str = "kernel") -> None:
+    """Raise :class:`OutOfBoundsError` unless every function of ``mod`` is proven in bounds."""
+    _refuse(mod, check_bounds, OutOfBoundsError, what, "may access memory out of bounds")
 
 
 class OverlappingWritesError(RuntimeError):
@@ -394,14 +397,8 @@ def check_single_writes(func) -> list[str]:
 def assert_single_writes(mod, what: str = "kernel") -> None:
     """Raise :class:`OverlappingWritesError` if a spatial block of ``mod`` stores to one
     element from several iterations (:func:`check_single_writes`)."""
-    problems = []
-    for gv, func in mod.functions.items():
-        if isinstance(func, tirx.PrimFunc):
-            problems += [f"{gv.name_hint}: {p}" for p in check_single_writes(func)]
-    if problems:
-        shown = "\n  ".join(problems[:8])
-        raise OverlappingWritesError(f"tbe_like: the schedule of {what} stores to one element "
-                                     f"from several iterations; not compiled:\n  {shown}")
+    _refuse(mod, check_single_writes, OverlappingWritesError, what,
+            "stores to one element from several iterations")
 
 
 def compile_checked(mod, target, what: str = "kernel"):

@@ -401,8 +401,7 @@ def build(sch: Schedule, config: Mapping[str, Any]) -> Kernel:
         print(mod.script())
     executable = compile_checked(mod, sch.target, name)
     spec = _OPS[sch.op]
-    specs = [TensorSpec(t.op.name, tuple(int(s) for s in t.shape), str(t.dtype),
-                        _layout_of(t, sch.inputs, spec)) for t in tensor_list]
+    specs = [TensorSpec.of(t, _layout_of(t, sch.inputs, spec)) for t in tensor_list]
     para = dict(sch.params.para_dict)
     para["group_dict"] = sch.params.geometry.group.as_group_dict()
     para["kernel_name"] = name  # the name the kernel was built under (config wins, as in TBE)

@@ -53,9 +53,18 @@ class TensorSpec:
     layout: str
 
     @classmethod
+    def of(cls, tensor: Any, layout: str) -> TensorSpec:
+        """The spec of a TE tensor (a kernel parameter) in ``layout``."""
+        return cls(tensor.op.name, tuple(int(s) for s in tensor.shape), str(tensor.dtype),
+                   layout)
+
+    @classmethod
     def from_json(cls, d: dict) -> TensorSpec:
         return cls(str(d["name"]), tuple(int(s) for s in d["shape"]), str(d["dtype"]),
                    str(d["layout"]))
+
+    def to_json(self) -> dict:
+        return asdict(self) | {"shape": list(self.shape)}
 
 
 def _numpy_dtype(dtype: str) -> np.dtype:
@@ -235,8 +244,8 @@ def export_kernel(executable: Any, output_dir: str | os.PathLike, kernel_name: s
         "op": op,
         "library": so_path.name,
         "sha256": digest,
-        "inputs": [asdict(t) | {"shape": list(t.shape)} for t in inputs],
-        "outputs": [asdict(t) | {"shape": list(t.shape)} for t in outputs],
+        "inputs": [t.to_json() for t in inputs],
+        "outputs": [t.to_json() for t in outputs],
         "target": target_json(target),
         "target_kind": kind,
         "required_cpu_features": _target.required_x86_features(target) if kind == "llvm" else [],

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
+import test_ops
 from conftest import NP_DTYPES, RTOL
 
 from tbe_like import ops
@@ -154,13 +155,10 @@ def test_sampled_knobs_match_reference(seed):
     _check(config, got, go, x, w)
 
 
-# DeconvGradFilter (NHWC): (dy, x, kernel, stride, pad, dilation, group, dtype), as test_ops.
-DECONV = {
-    "seed-example": ((2, 4, 4, 16), (2, 4, 4, 16), 4, 1, (1, 2), 1, 1, "float32"),
-    "fp16-s2-groups": ((1, 9, 11, 8), (1, 4, 5, 6), 3, 2, 1, 1, 2, "float16"),
-    "dilated": ((2, 7, 8, 6), (2, 3, 3, 9), (2, 3), (2, 2), (0, 1), (2, 1), 3, "float32"),
-    "in-c1": ((1, 8, 8, 16), (1, 4, 4, 1), 3, 2, 1, 1, 1, "float32"),
-}
+# DeconvGradFilter (NHWC): test_ops' cases, (dy, x, kernel, stride, pad, dilation, group,
+# dtype), and one whose weight gradient has a single output channel (in_c = 1).
+DECONV = {**test_ops.DECONV,
+          "in-c1": ((1, 8, 8, 16), (1, 4, 4, 1), 3, 2, 1, 1, 1, "float32")}
 
 
 @pytest.mark.parametrize("name", list(DECONV))

@@ -274,8 +274,7 @@ def build(graph: Graph, target: Target, output_dir, kernel_name: str, op: str,
     else:
         executable = compile_checked(mod, target, kernel_name)
     tensors = [*graph.inputs, graph.output]
-    specs = [TensorSpec(t.op.name, tuple(int(s) for s in t.shape), str(t.dtype), layout)
-             for t, layout in zip(tensors, graph.layouts, strict=True)]
+    specs = [TensorSpec.of(t, layout) for t, layout in zip(tensors, graph.layouts, strict=True)]
     para = dict(para_dict, workspace_bytes=workspace_bytes(mod), tuned=tuned)
     if selection is not None:
         para["selection"] = selection.as_dict()

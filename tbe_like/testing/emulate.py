@@ -23,7 +23,7 @@ from tvm_ffi import structural_map, structural_walk
 
 from .._tvm import Call, IRModule, Target, s_tir, tirx
 from ..bounds import compile_checked
-from ..kernel import Kernel
+from ..kernel import Kernel, TensorSpec
 
 CPU = Target("llvm")
 
@@ -81,8 +81,8 @@ def _kernel(mod: IRModule, target: Target, tensors: list, layouts: list, name: s
     _cuda("emulate", target)
     compile_checked(mod, target, name)  # the CUDA kernel itself builds and is in bounds
     executable = compile_checked(serial_threads(mod), CPU, name)
-    specs = [{"name": t.op.name, "shape": [int(s) for s in t.shape], "dtype": str(t.dtype),
-              "layout": layout} for t, layout in zip(tensors, layouts, strict=True)]
+    specs = [TensorSpec.of(t, layout).to_json()
+             for t, layout in zip(tensors, layouts, strict=True)]
     metadata = {"kernel_name": name, "inputs": specs[:-1], "outputs": specs[-1:],
                 "target_kind": "llvm",
                 "para_dict": {"workspace_bytes": kernels.workspace_bytes(mod)}}
