@@ -212,6 +212,21 @@ def test_serial_threads_refuses_tensor_cores():
         _emulated(config, arch="sm_90")
 
 
+def _refused(op: str) -> str:
+    return f"^emulate: {op} needs a CUDA target to emulate, got llvm$"
+
+
+def test_emulation_needs_a_cuda_target():
+    config = _dw_config(3, 2, "float32")
+    go, x, w = _data(config)
+    with pytest.raises(ValueError, match=_refused("convolution_backward")):
+        emulate.convolution_backward(go, x, w, target="llvm", **config.kwargs())
+    dys, xs, k, s, p, d, g, dt = DECONV["seed-example"]
+    with pytest.raises(ValueError, match=_refused("deconv_grad_filter")):
+        emulate.deconv_grad_filter(np.zeros(dys, dt), np.zeros(xs, dt), target="llvm", kernel=k,
+                                   stride=s, pad=p, dilation=d, group=g)
+
+
 def test_overlapping_writes_are_refused():
     """A spatial block whose iterator does not pick the element it stores is never compiled."""
     a = te.placeholder((4,), name="a")

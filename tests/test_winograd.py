@@ -171,6 +171,11 @@ def test_toom_cook_reproduces_f43():
     assert toom_cook(4, 3, (0, 1, -1, 2, -2)).bt == F43.bt
 
 
+def test_toom_cook_needs_m_plus_r_minus_2_points():
+    with pytest.raises(ValueError, match=r"^F\(2,5\) needs 5 finite points, got \(0, 1, -1\)$"):
+        toom_cook(2, 5, (0, 1, -1))
+
+
 def test_winograd_rejects_an_unknown_tile():
     prec = kernels.Precision("float32", "float32")
     with pytest.raises(ValueError, match="winograd must be a bool or one of"):
