@@ -77,8 +77,8 @@ def _out_spatial(s: Shape) -> tuple[int, ...]:
     return tuple(conv3d_output_spatial(s.spatial, s.kernel, s.stride, s.pads, s.dilation))
 
 
-def _build(op: str, name: str, s: Shape, dtype: str, arch: str, out_dir: str):
-    """Build one gradient of ``s``; returns (kernel, flops)."""
+def graph(op: str, s: Shape, dtype: str):
+    """The DSL graph of one gradient of ``s``: (result, [inputs..., result])."""
     from tbe_like import dsl, layout, tvm
 
     c1, co1 = -(-s.cin // 16), -(-s.cout // 16)
@@ -91,16 +91,22 @@ def _build(op: str, name: str, s: Shape, dtype: str, arch: str, out_dir: str):
               "dilations": [1, s.dilation[0], 1, *s.dilation[1:]]}
         size = [s.cout, s.kernel[0], s.cin // s.groups, *s.kernel[1:]]
         res = dsl.conv3d_backprop_filter(x, dy, size, pd)
-        tensors = [x, dy, res]
-    else:
-        w_shape = layout.fractal_z_3d_shape((s.cout, s.cin // s.groups, *s.kernel),
-                                            groups=s.groups)
-        w = tvm.placeholder(w_shape, name="filter", dtype=dtype)
-        pd = {"strides": [1, *s.stride, 1], "pads": list(s.pads), "res_dtype": dtype,
-              "dilations": [1, *s.dilation, 1], "group_dict": group_dict}
-        res = dsl.conv3d_backprop_input(w, dy, [s.cout, s.cin // s.groups, *s.kernel],
-                                        [s.n, *s.spatial, s.cin], pd)
-        tensors = [w, dy, res]
+        return res, [x, dy, res]
+    w_shape = layout.fractal_z_3d_shape((s.cout, s.cin // s.groups, *s.kernel),
+                                        groups=s.groups)
+    w = tvm.placeholder(w_shape, name="filter", dtype=dtype)
+    pd = {"strides": [1, *s.stride, 1], "pads": list(s.pads), "res_dtype": dtype,
+          "dilations": [1, *s.dilation, 1], "group_dict": group_dict}
+    res = dsl.conv3d_backprop_input(w, dy, [s.cout, s.cin // s.groups, *s.kernel],
+                                    [s.n, *s.spatial, s.cin], pd)
+    return res, [w, dy, res]
+
+
+def _build(op: str, name: str, s: Shape, dtype: str, arch: str, out_dir: str):
+    """Build one gradient of ``s``; returns (kernel, flops)."""
+    from tbe_like import dsl
+
+    res, tensors = graph(op, s, dtype)
     sch = dsl.auto_schedule(res, target={"kind": "cuda", "arch": arch})
     kname = f"bench_{op}_{name}".replace("-", "_")
     kernel = dsl.build(sch, {"name": kname, "tensor_list": tensors,

@@ -404,10 +404,13 @@ def assert_single_writes(mod, what: str = "kernel") -> None:
 def compile_checked(mod, target, what: str = "kernel"):
     """``tvm.compile`` of a scheduled module with the pass options of its target
     (``tbe_like.target.build_config``), after :func:`assert_in_bounds` and
-    :func:`assert_single_writes`: every build of tbe_like (DSL, framework operators, tuning
-    candidates, measured selection) goes through here."""
+    :func:`assert_single_writes`, prepared for lowering
+    (``tbe_like.lowering.prepare``): every build of tbe_like (DSL, framework operators,
+    tuning candidates, measured selection) goes through here."""
+    from .lowering import prepare
     from .target import build_config
 
+    mod = prepare(mod)  # what is checked is what is compiled
     assert_in_bounds(mod, what)
     assert_single_writes(mod, what)
     with tvm.transform.PassContext(config=build_config(target)):

@@ -120,10 +120,12 @@ def build_config(target: Target) -> dict:
 
     CUDA: TVM 0.27's storage rewrite lets a float32 shared-memory buffer (the staged tensor-core
     accumulators) reuse the memory of a float16 one and then fails ("tvm_access_ptr element type
-    must match the source buffer"), so it is switched off for CUDA kernels.
+    must match the source buffer"), so it is switched off for CUDA kernels. Copies to shared
+    memory that a software pipeline marks asynchronous become ``cp.async`` (sm_80 and newer;
+    TVM leaves them plain copies where the PTX instruction does not exist).
     """
     if str(target.kind.name) == "cuda":
-        return {"tirx.disable_storage_rewrite": True}
+        return {"tirx.disable_storage_rewrite": True, "tirx.use_async_copy": True}
     return {}
 
 

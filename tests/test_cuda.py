@@ -1,8 +1,8 @@
 """CUDA: the schedules build for sm_80 and sm_90 and the generated source is what it should be.
 
 Without a GPU (CI, this machine) every template is compiled to CUDA source and inspected:
-kernels present, every block under a thread binding, shared-memory staging, WMMA ``mma_sync``
-for float16/bfloat16 and plain FMAs for float32 (and for float16 below sm_80). Building through
+kernels present, every block under a thread binding, shared-memory staging, ``mma.sync`` with
+``ldmatrix`` and ``cp.async`` for float16/bfloat16 and plain FMAs for float32 (and for float16 below sm_80). Building through
 nvcc (``dsl.build``) is checked on a few kernels; the numeric tests run where a GPU is present
 (``gpu`` marker) and are skipped otherwise.
 """
@@ -163,20 +163,20 @@ def test_templates_build(cuda_source, op, name, dtype, arch):
     assert "__shared__" in src  # operand tiles staged in shared memory
     assert unbound_blocks(sch.mod) == []
     if dtype == "float32":
-        assert "wmma" not in src
+        assert "mma.sync" not in src
     else:
-        assert "nvcuda::wmma::mma_sync" in src
-        assert "nvcuda::wmma::load_matrix_sync" in src
-        assert "wmma::accumulator, 16, 16, 16, float>" in src  # float32 accumulation
-        frag = {"float16": "half", "bfloat16": "nv_bfloat16"}[dtype]
-        assert f"wmma::matrix_a, 16, 16, 16, {frag}," in src
+        ptx = {"float16": "f16", "bfloat16": "bf16"}[dtype]
+        # float32 accumulation, fragments loaded with ldmatrix, operands copied asynchronously
+        assert f"mma.sync.aligned.m16n8k16.row.col.f32.{ptx}.{ptx}.f32" in src
+        assert "ldmatrix.sync.aligned.m8n8.x4" in src
+        assert "cp.async.cg.shared.global" in src
 
 
 def test_sm75_float16_uses_the_simt_template():
     _, res = Conv(1, 32, 32, (3, 6, 6), (3, 3, 3), pads=(1,) * 6).filter_op()
     src = _compile(dsl.auto_schedule(res, target={"kind": "cuda", "arch": "sm_75"}))
     src = src.mod.imports[0].inspect_source()
-    assert "__shared__" in src and "wmma" not in src
+    assert "__shared__" in src and "mma.sync" not in src and "cp.async" not in src
 
 
 def test_weight_gradient_splits_a_long_reduction(cuda_source):
@@ -187,7 +187,7 @@ def test_weight_gradient_splits_a_long_reduction(cuda_source):
     assert any(".rf" in str(b.name_hint) or "_rf" in str(b.name_hint) for b in
                _blocks(sch.mod))
     src = _compile(sch).mod.imports[0].inspect_source()
-    assert len(kernels(src)) >= 2 and "mma_sync" in src
+    assert len(kernels(src)) >= 2 and "mma.sync" in src
 
 
 def _blocks(mod):
@@ -235,7 +235,7 @@ def test_sampled_knobs_give_valid_kernels(op, seed):
     sch = rule(sch, SimpleNamespace(dtype="float16"), target, cuda_rules.SAMPLE)
     assert "sample_categorical" in str(sch.trace)
     assert unbound_blocks(sch.mod) == []
-    assert "mma_sync" in _compile_for(sch, target).mod.imports[0].inspect_source()
+    assert "mma.sync" in _compile_for(sch, target).mod.imports[0].inspect_source()
 
 
 @pytest.mark.parametrize("knobs, dtype, match", [
@@ -289,7 +289,7 @@ def test_every_dx_mad_block_and_unknown_stages(dtype):
     assert unbound_blocks(sch.mod) == []
     src = compile_checked(sch.mod, target).mod.imports[0].inspect_source()
     if dtype == "float16":
-        assert len([k for k in kernels(src) if "mma_sync" in k]) == 2  # both phases
+        assert len([k for k in kernels(src) if "mma.sync" in k]) == 2  # both phases
 
 
 def test_generic_cuda_fallback_threads_every_block():

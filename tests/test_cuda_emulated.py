@@ -1,11 +1,12 @@
 """The CUDA schedules' numbers, checked on any machine.
 
 ``tbe_like.testing.emulate`` runs a CUDA schedule with its thread-bound loops made serial, on the
-CPU: the same tiles, shared-memory staging, padding, split K and inlined epilogues as on the GPU.
-The framework operators run that way on random configurations (1D/2D/3D, transposed, groups,
-masks, dtypes) against the float64 NumPy reference. Tensor-core code has no CPU lowering, so
-float16/bfloat16 are emulated with the SIMT template (sm_75); the tensor-core templates are
-built and checked statically here, and run for real by the ``gpu`` tests on a GPU.
+CPU: the same tiles, shared-memory staging, pipeline stages, padding, split K and inlined
+epilogues as on the GPU. The framework operators run that way on random configurations
+(1D/2D/3D, transposed, groups, masks, dtypes) against the float64 NumPy reference. The
+tensor-core template (float16/bfloat16 on sm_80+) is emulated with its intrinsics' declared
+semantics in place of ``ldmatrix``/``mma.sync`` (the PTX itself runs in the ``gpu`` tests);
+the SIMT template that float16/bfloat16 take below sm_80 is emulated on sm_75.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from tbe_like.ops.params import convolution_backward_params
 from tbe_like.testing import emulate
 from tbe_like.testing import reference as ref
 
-# Where each dtype is emulated: float32 takes the SIMT template on every arch; float16 and
-# bfloat16 take it below sm_80 (tensor cores from sm_80 on).
-EMULATED_ARCH = {"float32": "sm_90", "float16": "sm_75", "bfloat16": "sm_75"}
+# Where each dtype is emulated: float32 takes the SIMT template on every arch, float16 and
+# bfloat16 the tensor-core template on sm_90; below sm_80 (SIMT_ARCH) they take the SIMT one.
+EMULATED_ARCH = {"float32": "sm_90", "float16": "sm_90", "bfloat16": "sm_90"}
+SIMT_ARCH = "sm_75"
 
 
 @dataclass(frozen=True)
@@ -141,14 +143,17 @@ def test_weight_gradient_with_one_output_channel(name):
 
 @pytest.mark.parametrize("seed", RANDOM_SEEDS)
 def test_random_configurations_match_reference(seed):
-    _emulated(random_config(seed))
+    """Even seeds on sm_90 (tensor cores for float16/bfloat16), odd ones on sm_75 (SIMT)."""
+    _emulated(random_config(seed), arch="sm_90" if seed % 2 == 0 else SIMT_ARCH)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("seed", [5, 6, 7])
-def test_sampled_knobs_match_reference(seed):
-    """``knobs=SAMPLE`` (the tuner's space: other tiles, split K) on one configuration."""
+def test_sampled_knobs_match_reference(seed, dtype):
+    """``knobs=SAMPLE`` (the tuner's space: other tiles, warps, K depths, pipeline stages,
+    split K) on one configuration, on the SIMT (float32) and tensor-core (float16) templates."""
     config = Config((2, 6, 5, 7, 9), (10, 6, 3, 2, 3), (1, 2, 2), (1, 0, 1), (1, 1, 1),
-                    output_padding=(0, 0, 0))
+                    output_padding=(0, 0, 0), dtype=dtype)
     go, x, w = _data(config)
     got = emulate.convolution_backward(go, x, w, target={"kind": "cuda", "arch": "sm_90"},
                                        knobs="sample", seed=seed, **config.kwargs())
@@ -184,16 +189,17 @@ def _dw_config(cin: int, cout: int, dtype: str) -> Config:
 @pytest.mark.parametrize("cout", [1, 2, 15, 17])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_weight_gradient_below_one_fractal_simt(dtype, cout):
-    _emulated(_dw_config(3, cout, dtype))
+    _emulated(_dw_config(3, cout, dtype), arch=SIMT_ARCH)
 
 
 @pytest.mark.parametrize("cout", [1, 2, 15, 17])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_weight_gradient_below_one_fractal_tensor_cores_build(dtype, cout):
-    """Tensor cores cannot be emulated: the kernel builds, its accesses are proven in bounds
-    and no two iterations store to one element (``compile_checked``); the ``gpu`` test below
-    runs it."""
+def test_weight_gradient_below_one_fractal_tensor_cores(dtype, cout):
+    """The tensor-core template, emulated, and built for real: it compiles to ldmatrix and
+    mma.sync, its accesses are proven in bounds and no two iterations store to one element
+    (``compile_checked``)."""
     config = _dw_config(3, cout, dtype)
+    _emulated(config, arch="sm_90")
     p = convolution_backward_params(config.grad_output_shape(), dtype, config.x, dtype,
                                     config.weight, dtype, bias_sizes=None, cube_math_type=0,
                                     **config.kwargs())
@@ -203,13 +209,22 @@ def test_weight_gradient_below_one_fractal_tensor_cores_build(dtype, cout):
     sch = s_tir.Schedule(kernels.prim_func(graph))
     kernels.schedule(sch, graph, target)
     source = compile_checked(sch.mod, target).mod.imports[0].inspect_source()
-    assert "mma_sync" in source
+    assert "mma.sync.aligned.m16n8k16" in source and "ldmatrix.sync.aligned" in source
 
 
 def test_serial_threads_refuses_tensor_cores():
+    """A tensorized module has no CPU lowering: the emulation schedules it untensorized."""
     config = _dw_config(3, 16, "float16")
+    p = convolution_backward_params(config.grad_output_shape(), "float16", config.x, "float16",
+                                    config.weight, "float16", bias_sizes=None, cube_math_type=0,
+                                    **config.kwargs())
+    target = Target({"kind": "cuda", "arch": "sm_90"})
+    prec = kernels.Precision.on(target, p.dtype, p.compute_dtype, p.hf32)
+    graph = graph_of("grad_weight", conv_of(p), prec, False, target)
+    sch = s_tir.Schedule(kernels.prim_func(graph))
+    kernels.schedule(sch, graph, target)
     with pytest.raises(ValueError, match="serial_threads: the schedule uses tensor cores"):
-        _emulated(config, arch="sm_90")
+        emulate.serial_threads(sch.mod)
 
 
 def _refused(op: str) -> str:
@@ -309,12 +324,11 @@ def test_dsl_weight_gradient_matches_reference(name, dtype):
     """``dsl.conv3d_backprop_filter`` scheduled for CUDA (test_cuda's shapes), run serially."""
     from test_cuda import CONVS
 
-    from tbe_like import dsl, layout
+    from tbe_like import layout
 
     conv = replace(CONVS[name], dtype=dtype)
     _, res = conv.filter_op()
-    kernel = emulate.emulated_dsl_kernel(
-        dsl.auto_schedule(res, target={"kind": "cuda", "arch": EMULATED_ARCH[dtype]}))
+    kernel = emulate.emulated_dsl_kernel(res, {"kind": "cuda", "arch": EMULATED_ARCH[dtype]})
     rng = np.random.default_rng(0)
     x = rng.standard_normal((conv.n, conv.cin, *conv.spatial)).astype(NP_DTYPES[dtype])
     dy = rng.standard_normal((conv.n, conv.cout, *conv.out_spatial)).astype(NP_DTYPES[dtype])
@@ -334,12 +348,11 @@ def test_dsl_input_gradient_matches_reference(name, dtype):
     """``dsl.conv3d_backprop_input`` (every stride phase) scheduled for CUDA, run serially."""
     from test_cuda import CONVS
 
-    from tbe_like import dsl, layout
+    from tbe_like import layout
 
     conv = replace(CONVS[name], dtype=dtype)
     _, res = conv.input_op(res_dtype="float32")
-    kernel = emulate.emulated_dsl_kernel(
-        dsl.auto_schedule(res, target={"kind": "cuda", "arch": EMULATED_ARCH[dtype]}))
+    kernel = emulate.emulated_dsl_kernel(res, {"kind": "cuda", "arch": EMULATED_ARCH[dtype]})
     rng = np.random.default_rng(1)
     w = rng.standard_normal(conv.weight_shape).astype(NP_DTYPES[dtype])
     dy = rng.standard_normal((conv.n, conv.cout, *conv.out_spatial)).astype(NP_DTYPES[dtype])

@@ -16,12 +16,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tvm_ffi import structural_map
+
 from tbe_like._tvm import (
+    Call,
+    TensorLoad,
     gemm_index_maps,
     get_root_block,
     s_tir,
     structural_walk,
+    sym,
     tirx,
+    tvm,
     undefined_vars,
 )
 
@@ -206,6 +212,122 @@ def stage_in_shared(sch, block, operand: int, scope: str, loop, threads: tuple[i
     sch.bind(ty, "threadIdx.y")
     sch.bind(tx, "threadIdx.x")
     return cache
+
+
+@dataclass(frozen=True)
+class Staging:
+    """How one operand tile sits in shared memory (``stage_operand``)."""
+
+    cache: s_tir.schedule.SBlockRV
+    orientation: str  # "mk"/"nk" (rows of the tile along I/J, K contiguous) or "km"/"kn"
+    lanes: int  # elements each thread copies at once (a vector of ``lanes`` contiguous values)
+
+
+def _global_loads(stmt) -> tuple[list, list]:
+    """The loads of global buffers in a copy block's body, and the conditions guarding them."""
+    loads, conditions = [], []
+
+    def visit_load(node):
+        if node.source.scope() == "global":
+            loads.append(node)
+
+    def visit_call(node):
+        if getattr(node.op, "name", "") == "prim.if_then_else":
+            conditions.append(node.args[0])
+
+    structural_walk(stmt.body, [(TensorLoad, visit_load), (Call, visit_call)], order="post")
+    return loads, conditions
+
+
+def _substitute(expr, var, value):
+    """``expr`` with ``var`` replaced by ``value``."""
+    return structural_map(expr, [(tirx.Var, lambda v: value if v.same_as(var) else v)])
+
+
+def _flat_index(load):
+    index = 0
+    for dim, extent in zip(load.indices, load.source.shape, strict=True):
+        index = index * extent + dim
+    return index
+
+
+def _copies_lanes(stmt, var, lanes: int) -> bool:
+    """Whether ``lanes`` consecutive values of ``var`` starting at a multiple of ``lanes`` read
+    ``lanes`` consecutive, ``lanes``-aligned elements of every global operand, under one
+    condition for all of them (so the copy is one aligned vector load, or cp.async, or none).
+    """
+    analyzer = sym.Analyzer()
+    for iv in stmt.iter_vars:
+        analyzer.bind(iv.var, iv.dom)
+    q, lane = tirx.Var("q", var.ty), tirx.Var("lane", var.ty)
+    extent = next(iv.dom.extent for iv in stmt.iter_vars if iv.var.same_as(var))
+    analyzer.bind(q, tvm.ir.Range(0, (int(extent) + lanes - 1) // lanes))
+    analyzer.bind(lane, tvm.ir.Range(0, lanes))
+    first, at = q * lanes, q * lanes + lane
+    loads, conditions = _global_loads(stmt)
+    for load in loads:
+        index = _flat_index(load)
+        start = _substitute(index, var, first)
+        if not analyzer.can_prove_equal(_substitute(index, var, at), start + lane):
+            return False
+        aligned = analyzer.modular_set(start)
+        if aligned.coeff % lanes or aligned.base % lanes:
+            return False
+    return all(analyzer.can_prove_equal(_substitute(c, var, at), _substitute(c, var, first))
+               for c in conditions)
+
+
+def stage_operand(sch, block, operand: int, loop, threads: tuple[int, int], name: str,
+                  scope: str, most_bytes: int = 16) -> Staging:
+    """Copy one operand tile of a tensor-core GEMM to shared memory at ``loop``, oriented so the
+    copy is contiguous on both sides, and vectorized as wide as can be proven aligned.
+
+    The copy (im2col and layout stages inlined) walks the tile along the axis that is
+    contiguous in global memory; the shared tile is laid out the same way, so each thread moves
+    ``lanes`` consecutive elements (16 bytes at most: one ``cp.async``) from global to shared
+    memory. That axis is K for the input gradient's operands (``name``+"k" orientation: "mk",
+    "nk") and I or J for the weight gradient's ("km", "kn"). Rows are padded to 8 (mod 16)
+    elements: ``ldmatrix`` then reads 8 rows from 8 different bank groups.
+    """
+    cache = sch.cache_read(block, operand, scope)
+    inline_producers(sch, cache)
+    stmt = sch.get(cache)
+    itemsize = tvm.DataType(stmt.writes[0].source.dtype).bits // 8
+    if _global_index_follows_k(sch, cache):
+        orientation, axis = {"a": "mk", "b": "nk"}[name], -1
+    else:
+        orientation, axis = {"a": "km", "b": "kn"}[name], -2
+        sch.transform_layout(cache, ("write", 0), lambda *ax: (*ax[:-2], ax[-1], ax[-2]))
+    contiguous = stmt.iter_vars[axis]
+    lanes = most_bytes // itemsize
+    while lanes > 1 and (int(contiguous.dom.extent) % lanes
+                         or not _copies_lanes(stmt, contiguous.var, lanes)):
+        lanes //= 2
+    # The copy's iterators become (.., other axis, run, lane) with the contiguous axis
+    # = run * lanes + lane: each index then has the lane in its last term only, which is what
+    # TVM's vectorizer (and, after it, the cp.async injection) needs to emit one 16-byte access.
+    # Without a vector (lanes = 1) the contiguous axis still goes innermost, for coalescing.
+    other = -1 if axis == -2 else -2
+    if lanes > 1:
+        split = tirx.IndexMap.from_func(
+            lambda *ax: (*ax[:-2], ax[other], ax[axis] // lanes, ax[axis] % lanes),
+            ndim=len(stmt.iter_vars), index_dtype=str(contiguous.var.ty))
+    else:
+        split = tirx.IndexMap.from_func(lambda *ax: (*ax[:-2], ax[other], ax[axis]),
+                                        ndim=len(stmt.iter_vars),
+                                        index_dtype=str(contiguous.var.ty))
+    sch.transform_block_layout(cache, split)
+    sch.compute_at(cache, loop)
+    loops = sch.get_loops(cache)
+    own = loops[[sch.get(x).same_as(sch.get(loop)) for x in loops].index(True) + 1:]
+    copies = own[:-1] if lanes > 1 else own
+    _, ty, tx = sch.split(sch.fuse(*copies), [None, *threads])
+    sch.bind(ty, "threadIdx.y")
+    sch.bind(tx, "threadIdx.x")
+    if lanes > 1:
+        sch.vectorize(own[-1])
+    sch.storage_align(cache, 0, axis=-2, factor=16, offset=8)
+    return Staging(cache, orientation, lanes)
 
 
 def split_k(sch, block, parts: int):

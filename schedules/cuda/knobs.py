@@ -11,14 +11,21 @@ may try. Passing ``SAMPLE`` as the knobs of a rule makes it draw one candidate p
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .common import uses_tensor_cores
-from .intrin import FRAG
+from .mma import FRAG
 
 WARP = 32
-# Static shared memory per thread block (CUDA's limit without opting in to more).
+# Static shared memory per thread block (CUDA's limit without opting in to more): the SIMT tiles.
 SHARED_BYTES = 48 * 1024
+# Dynamic shared memory a tensor-core tile may use: the least of the tensor-core GPUs' opt-in
+# limits (sm_86/sm_89: 99 KB; sm_80: 163 KB, sm_90: 227 KB), and at most half an H100 SM's,
+# so that two thread blocks share an SM.
+TENSOR_CORE_SHARED_BYTES = 99 * 1024
+# Registers per thread: 255 is the hardware's limit; a warp's accumulators (8 float32 per
+# 16x16 tile) plus one row and one column of operand fragments must leave room for addresses.
+MAX_FRAGMENTS = 16
 # Streaming multiprocessors of the smallest target GPU (A100: 108; H100: 132): split-K aims for
 # two thread blocks per SM.
 SM_COUNT = 108
@@ -38,13 +45,15 @@ SAMPLE = "sample"  # knobs value: draw each block's knobs from ``candidates`` (t
 
 @dataclass(frozen=True)
 class TensorCoreTile:
-    """A thread block of ``warp_m * warp_n`` warps, each with ``frag_m x frag_n`` accumulators."""
+    """A thread block of ``warp_m * warp_n`` warps, each with ``frag_m x frag_n`` accumulators,
+    its K loop pipelined over ``stages`` shared-memory buffers."""
 
     warp_m: int  # warps along I
     warp_n: int  # warps along J
-    frag_m: int  # 16x16 WMMA accumulators per warp along I
-    frag_n: int  # 16x16 WMMA accumulators per warp along J
+    frag_m: int  # 16x16 accumulator tiles per warp along I
+    frag_n: int  # 16x16 accumulator tiles per warp along J
     k_frags: int  # 16-deep K steps per shared-memory stage
+    stages: int = 2  # shared-memory buffers of the software pipeline (stages - 1 copies ahead)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -53,9 +62,17 @@ class TensorCoreTile:
                 FRAG * self.k_frags)
 
     def shared_bytes(self) -> int:
+        """Dynamic shared memory: the pipeline's operand buffers or the staged accumulators,
+        whichever is larger (TVM merges dynamic shared buffers whose lifetimes do not overlap).
+        Each operand tile is staged K-major or K-minor, its rows padded."""
         m, n, k = self.shape
-        return ((m + n) * (k + ROW_PAD["operand"]) * OPERAND_BYTES["tensor_core"]
-                + m * (n + ROW_PAD["acc"]) * ACC_BYTES)
+        pad = ROW_PAD["operand"]
+        operands = sum(max(rows * (k + pad), k * (rows + pad)) for rows in (m, n))
+        return max(self.stages * operands * OPERAND_BYTES["tensor_core"],
+                   m * (n + ROW_PAD["acc"]) * ACC_BYTES)
+
+    def shared_limit(self) -> int:
+        return TENSOR_CORE_SHARED_BYTES
 
 
 @dataclass(frozen=True)
@@ -75,6 +92,9 @@ class SimtTile:
     def shared_bytes(self) -> int:
         m, n, k = self.shape
         return (m + n) * k * OPERAND_BYTES["simt"]
+
+    def shared_limit(self) -> int:
+        return SHARED_BYTES
 
 
 @dataclass(frozen=True)
@@ -98,19 +118,24 @@ def _fit(extent: int, unit: int, options: tuple[int, ...]) -> int:
 
 
 def _tensor_core_tile(m: int, n: int, k: int) -> TensorCoreTile:
-    warp_m = 2 if m >= 4 * FRAG else 1
-    warp_n = 2 if n >= 4 * FRAG else 1
-    frag_m = _fit(m, FRAG * warp_m, (1, 2, 4))
-    frag_n = _fit(n, FRAG * warp_n, (1, 2, 4))
-    tile = TensorCoreTile(warp_m, warp_n, frag_m, frag_n, 2 if k >= 2 * FRAG else 1)
-    # At most 8 accumulators (64 registers) per thread, and the tiles must fit in shared memory.
-    while tile.frag_m * tile.frag_n > 8 or tile.shared_bytes() > SHARED_BYTES:
+    """8 warps of 32 x 32 (2 x 2 fragment tiles) each where the GEMM is large: a 128 x 64 or
+    64 x 128 tile (the longer side on the larger extent), cut down where the GEMM is smaller;
+    K 32 deep per stage, 3 stages where K has that many. Warp tiles of 64 x 32 (128 registers
+    for the accumulators and their operands alone) leave ptxas at its 128-register target with
+    spills on some stride phases."""
+    wide = 4 if m >= n else 2
+    warp_m = wide if m >= 2 * wide * FRAG else 2 if m >= 4 * FRAG else 1
+    warp_n = (8 // wide) if n >= 2 * (8 // wide) * FRAG else 2 if n >= 4 * FRAG else 1
+    frag_m = _fit(m, FRAG * warp_m, (1, 2))
+    frag_n = _fit(n, FRAG * warp_n, (1, 2))
+    k_frags = 2 if k >= 2 * FRAG else 1
+    stages = 3 if k >= 3 * FRAG * k_frags else 2
+    tile = TensorCoreTile(warp_m, warp_n, frag_m, frag_n, k_frags, stages)
+    while tile.shared_bytes() > tile.shared_limit():
         if tile.frag_m >= tile.frag_n:
-            tile = TensorCoreTile(tile.warp_m, tile.warp_n, tile.frag_m // 2, tile.frag_n,
-                                  tile.k_frags)
+            tile = replace(tile, frag_m=tile.frag_m // 2)
         else:
-            tile = TensorCoreTile(tile.warp_m, tile.warp_n, tile.frag_m, tile.frag_n // 2,
-                                  tile.k_frags)
+            tile = replace(tile, frag_n=tile.frag_n // 2)
     return tile
 
 
@@ -142,15 +167,15 @@ def candidates(extents: tuple[int, int, int, int], dtype: str, target) -> list[K
     default = default_knobs(extents, dtype, target)
     found = [default]
     if isinstance(default.tile, TensorCoreTile):
-        tiles = [TensorCoreTile(wm, wn, fm, fn, kf) for wm in (1, 2, 4) for wn in (1, 2, 4)
-                 for fm in (1, 2, 4) for fn in (1, 2, 4) for kf in (1, 2, 4)
-                 if wm * wn <= 8 and fm * fn <= 8]
+        tiles = [TensorCoreTile(wm, wn, fm, fn, kf, st) for wm in (1, 2, 4) for wn in (1, 2, 4)
+                 for fm in (1, 2, 4) for fn in (1, 2, 4) for kf in (1, 2, 4) for st in (2, 3, 4)
+                 if wm * wn <= 8 and fm * fn <= MAX_FRAGMENTS]
     else:
         tiles = [SimtTile(tm, tn, rm, rn, tk) for tm in (8, 16) for tn in (8, 16, 32)
                  for rm in (1, 2, 4) for rn in (1, 2, 4) for tk in (8, 16, 32)
                  if tm * tn <= 512]
     for tile in tiles:
-        if tile.shared_bytes() > SHARED_BYTES:
+        if tile.shared_bytes() > tile.shared_limit():
             continue
         best = _split_for(extents, tile)
         for split in sorted({1, best, 2 * best}):
@@ -175,8 +200,11 @@ def check_knobs(op: str, knobs: Knobs, dtype: str, target) -> None:
     if isinstance(knobs.tile, TensorCoreTile) and not uses_tensor_cores(dtype, target):
         raise ValueError(f"{op}: a tensor-core tile needs float16/bfloat16 operands and sm_80 or "
                          f"newer, got {dtype} on {target.attrs.get('arch')}")
-    if knobs.tile.shared_bytes() > SHARED_BYTES:
+    if knobs.tile.shared_bytes() > knobs.tile.shared_limit():
         raise ValueError(f"{op}: the tile {knobs.tile} needs {knobs.tile.shared_bytes()} bytes "
-                         f"of shared memory, more than {SHARED_BYTES}")
+                         f"of shared memory, more than {knobs.tile.shared_limit()}")
+    if isinstance(knobs.tile, TensorCoreTile) and not 2 <= knobs.tile.stages <= 4:
+        raise ValueError(f"{op}: a tensor-core tile's stages must be in [2, 4], got "
+                         f"{knobs.tile.stages}")
     if not 1 <= knobs.split_k <= MAX_SPLIT_K:
         raise ValueError(f"{op}: split_k must be in [1, {MAX_SPLIT_K}], got {knobs.split_k}")

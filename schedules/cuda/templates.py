@@ -19,9 +19,12 @@ they all read (the im2col of dy for the input gradient) is served from L2.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 from . import gemm
 from .common import bind_remaining
-from .intrin import FRAG, SHARED, wmma_intrinsics
+from .mma import FRAG, FRAGMENT_SCOPE, SHARED_SCOPE, fragment_layout, mma_intrinsics
 from .knobs import (
     SAMPLE,
     Knobs,
@@ -33,24 +36,47 @@ from .knobs import (
 )
 
 WARP = 32
+_TENSORIZE = contextvars.ContextVar("tbe_like_cuda_tensorize", default=True)
 
 
-def _tensorize_2d(sch, block, intrin: str) -> None:
-    """Cut the last two loops of a copy into 16x16 tiles and tensorize each tile."""
-    i, j = sch.get_loops(block)[-2:]
-    i0, i1 = sch.split(i, [None, FRAG])
-    j0, j1 = sch.split(j, [None, FRAG])
-    sch.reorder(i0, j0, i1, j1)
-    sch.tensorize(i1, intrin)
+def tensorizing() -> bool:
+    """Whether the tensor-core template tensorizes (``untensorized`` says otherwise)."""
+    return _TENSORIZE.get()
+
+
+@contextlib.contextmanager
+def untensorized():
+    """Schedule tensor-core GEMMs without the final ``tensorize`` steps: every loop, copy,
+    pipeline stage and fragment layout stays as on the GPU, the fragment loads and products are
+    the intrinsics' own TIR semantics. ``tbe_like.testing.emulate`` runs that on the CPU."""
+    token = _TENSORIZE.set(False)
+    try:
+        yield
+    finally:
+        _TENSORIZE.reset(token)
+
+
+def _fragment_tiles(sch, block, rows: int = FRAG, cols: int = FRAG):
+    """Cut the last two loops of ``block`` into (rows x cols) tiles; returns the tile's first
+    inner loop (where a 16x16 intrinsic is tensorized)."""
+    r, c = sch.get_loops(block)[-2:]
+    r0, r1 = sch.split(r, [None, rows])
+    c0, c1 = sch.split(c, [None, cols])
+    sch.reorder(r0, c0, r1, c1)
+    return r1
 
 
 def tensor_core(sch, block, tile: TensorCoreTile, dtype: str):
-    """Schedule a normalized GEMM block (S..., I, J, K) on tensor cores.
+    """Schedule a normalized GEMM block (S..., I, J, K) on tensor cores (``mma.sync``).
 
-    Returns the write-back step (epilogue inlining and threads), which ``schedule_gemms`` runs
-    once every block is scheduled.
+    The K loop is software-pipelined over ``tile.stages`` shared-memory buffers: while a warp
+    multiplies one stage, the copies (``cp.async``, 16 bytes per thread where the operand's
+    contiguous global axis allows) of the next ones are in flight. Each operand is staged in
+    the orientation its global memory is contiguous in (``gemm.stage_operand``) and loaded into
+    fragments with ``ldmatrix`` (transposing where staged K-minor). Returns the write-back step
+    (epilogue inlining and threads), which ``schedule_gemms`` runs once every block is
+    scheduled.
     """
-    intrins = wmma_intrinsics(dtype)
     *batch, i, j, k = sch.get_loops(block)
     i, i_f = sch.split(i, [None, FRAG])
     j, j_f = sch.split(j, [None, FRAG])
@@ -66,27 +92,36 @@ def tensor_core(sch, block, tile: TensorCoreTile, dtype: str):
     warps = sch.fuse(i1, j1)
     sch.bind(warps, "threadIdx.y")
 
-    for operand in (0, 1):
-        cache = gemm.stage_in_shared(sch, outer, operand, SHARED, k0,
-                                     (tile.warp_m * tile.warp_n, WARP))
-        # Rows of tile_k + 8 elements keep the fragment loads free of bank conflicts.
-        sch.storage_align(cache, 0, axis=-2, factor=16, offset=8)
-    frags = [sch.cache_read(outer, 0, "wmma.matrix_a"), sch.cache_read(outer, 1, "wmma.matrix_b")]
-    for frag in frags:
+    threads = (tile.warp_m * tile.warp_n, WARP)
+    stagings = [gemm.stage_operand(sch, outer, operand, k0, threads, name, SHARED_SCOPE)
+                for operand, name in enumerate("ab")]
+    intrins = mma_intrinsics(dtype, stagings[0].orientation, stagings[1].orientation)
+    frags = []
+    for operand, staging in enumerate(stagings):
+        frag = sch.cache_read(outer, operand, FRAGMENT_SCOPE)
         sch.compute_at(frag, k1)
+        sch.transform_layout(frag, ("write", 0), lambda *ax: (*ax[:-2],
+                                                               *fragment_layout(*ax[-2:])))
+        frags.append(frag)
 
-    staged = sch.cache_write(outer, 0, SHARED)
+    staged = sch.cache_write(outer, 0, SHARED_SCOPE)
     sch.storage_align(staged, 0, axis=-2, factor=16, offset=4)
-    acc = sch.cache_write(outer, 0, "wmma.accumulator")
+    acc = sch.cache_write(outer, 0, FRAGMENT_SCOPE)
     sch.reverse_compute_at(acc, warps)
     sch.reverse_compute_at(staged, warps)
+    sch.transform_layout(acc, ("read", 0), lambda *ax: (*ax[:-2], *fragment_layout(*ax[-2:])))
     init = sch.decompose_reduction(outer, k0)
+    # Stage s of the pipeline copies K tile k0 + s while tile k0 is multiplied.
+    sch.annotate(k0, "software_pipeline_stage", [0, 0, tile.stages - 1])
+    sch.annotate(k0, "software_pipeline_order", [0, 1, 2])
+    sch.annotate(k0, "software_pipeline_async_stages", [0])
 
-    _tensorize_2d(sch, frags[0], intrins.load_a)
-    _tensorize_2d(sch, frags[1], intrins.load_b)
-    _tensorize_2d(sch, acc, intrins.store)
-    sch.tensorize(sch.get_loops(sch.get_child_blocks(init)[0])[-2], intrins.fill)
-    sch.tensorize(sch.get_loops(inner)[-3], intrins.sync)
+    if tensorizing():
+        sch.tensorize(_fragment_tiles(sch, frags[0]), intrins.load_a)
+        sch.tensorize(_fragment_tiles(sch, frags[1]), intrins.load_b)
+        sch.tensorize(_fragment_tiles(sch, acc), intrins.store)
+        sch.tensorize(sch.get_loops(sch.get_child_blocks(init)[0])[-2], intrins.fill)
+        sch.tensorize(sch.get_loops(inner)[-3], intrins.compute)
 
     def write_back() -> None:
         gemm.inline_consumers(sch, staged)

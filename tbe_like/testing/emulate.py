@@ -8,10 +8,14 @@ GPU kernel computes, tile by tile, with the same staging in shared memory, the s
 predicates, split K and inlined epilogues. A schedule bug (a lost predicate, two threads storing
 to one element, an unguarded tail) gives the same wrong numbers here as on the GPU.
 
-What it cannot check: races the lowering would have to prevent (it adds barriers by itself), and
-tensor-core code (``tvm_mma_sync`` and friends have no CPU lowering): schedules that use tensor
-cores are refused; schedule them for an architecture without tensor cores (sm_75) to check the
-rest of the template.
+Tensor-core instructions (``ldmatrix``, ``mma.sync``, ``cp.async``) have no CPU lowering: the
+kernels here are scheduled twice, once as for the GPU (compiled for CUDA: it must build and be
+proven in bounds) and once under ``untensorized()``, identical but for the last step, the
+``tensorize`` calls: the fragment loads, products, fills and stores stay the TIR that the
+intrinsics declare they compute (their ``desc``), in the same fragment layout, pipeline stages
+and shared-memory staging. What that cannot check: the intrinsics' implementations themselves
+(the PTX the ``desc`` stands for) and races the lowering would have to prevent (it adds barriers
+by itself); the ``gpu`` tests run those.
 """
 
 from __future__ import annotations
@@ -28,11 +32,23 @@ from ..kernel import Kernel, TensorSpec
 CPU = Target("llvm")
 
 
+# A software pipeline's asynchronous stages (cp.async groups on a GPU) lower to waits and
+# barriers the CPU has no meaning for; serially every copy has finished when the next statement
+# runs, so the pipeline is emulated with its stages (buffer versions, prologue, epilogue) but
+# synchronous copies.
+_ASYNC = "software_pipeline_async_stages"
+
+
 def _serial(loop: tirx.For) -> tirx.For:
-    if loop.kind != tirx.ForKind.THREAD_BINDING:
+    annotations = {k: v for k, v in loop.annotations.items() if k != _ASYNC}
+    if loop.kind != tirx.ForKind.THREAD_BINDING and len(annotations) == len(loop.annotations):
         return loop
-    return tirx.For(loop.loop_var, loop.min, loop.extent, tirx.ForKind.SERIAL, loop.body, None,
-                    loop.annotations)
+    kind = tirx.ForKind.SERIAL if loop.kind == tirx.ForKind.THREAD_BINDING else loop.kind
+    thread = None if loop.kind == tirx.ForKind.THREAD_BINDING else loop.thread_binding
+    return tirx.For(loop.loop_var, loop.min, loop.extent, kind, loop.body, thread, annotations)
+
+
+_DEVICE_ONLY = ("mma", "matrix_sync", "fill_fragment", "ldmatrix", "cp_async")
 
 
 def _tensor_core_calls(mod: IRModule) -> list[str]:
@@ -40,7 +56,7 @@ def _tensor_core_calls(mod: IRModule) -> list[str]:
 
     def visit(call):
         name = getattr(call.op, "name", "")
-        if "mma" in name or "matrix_sync" in name or "fill_fragment" in name:
+        if any(part in name for part in _DEVICE_ONLY):
             found.append(name)
 
     structural_walk(mod, [(Call, visit)], order="post")
@@ -48,11 +64,13 @@ def _tensor_core_calls(mod: IRModule) -> list[str]:
 
 
 def serial_threads(mod: IRModule) -> IRModule:
-    """``mod`` (a scheduled CUDA module) with every thread-bound loop made serial."""
+    """``mod`` (a scheduled CUDA module) with every thread-bound loop made serial (and its
+    software pipelines' copies synchronous)."""
     calls = _tensor_core_calls(mod)
     if calls:
         raise ValueError(f"serial_threads: the schedule uses tensor cores ({sorted(set(calls))}),"
-                         f" which have no CPU lowering; schedule it for sm_75 to check the rest")
+                         f" which have no CPU lowering; schedule it under "
+                         f"schedules.cuda.untensorized() to run the rest")
     return structural_map(mod, [(tirx.For, _serial)])
 
 
@@ -63,24 +81,39 @@ def emulated_kernel(graph, target: Target, knobs: Any = None, name: str = "emula
     this CPU."""
     from ..ops import kernels
 
-    sch = s_tir.Schedule(kernels.prim_func(graph), seed=seed)
-    kernels.schedule(sch, graph, target, knobs)
-    return _kernel(sch.mod, target, [*graph.inputs, graph.output], graph.layouts, name)
-
-
-def emulated_dsl_kernel(schedule, name: str = "emulated") -> Kernel:
-    """The kernel of a DSL schedule (``dsl.auto_schedule(res, target=<CUDA target>)``), run
-    serially on this CPU; called like ``dsl.build``'s kernel, on the same arrays."""
-    tensors = [*schedule.inputs, schedule.output]
-    return _kernel(schedule.sch.mod, schedule.target, tensors, [""] * len(tensors), name)
-
-
-def _kernel(mod: IRModule, target: Target, tensors: list, layouts: list, name: str) -> Kernel:
-    from ..ops import kernels
-
     _cuda("emulate", target)
+
+    def scheduled() -> IRModule:
+        sch = s_tir.Schedule(kernels.prim_func(graph), seed=seed)
+        kernels.schedule(sch, graph, target, knobs)
+        return sch.mod
+
+    return _kernel(scheduled, target, [*graph.inputs, graph.output], graph.layouts, name)
+
+
+def emulated_dsl_kernel(res, target: Any, name: str = "emulated") -> Kernel:
+    """The kernel ``dsl.auto_schedule(res, target=target)`` (a CUDA target) schedules, run
+    serially on this CPU; called like ``dsl.build``'s kernel, on the same arrays."""
+    from .. import dsl
+
+    schedule = dsl.auto_schedule(res, target=target)
+    cuda = _cuda("emulate", schedule.target)
+    tensors = [*schedule.inputs, schedule.output]
+    return _kernel(lambda: dsl.auto_schedule(res, target=cuda).sch.mod, cuda, tensors,
+                   [""] * len(tensors), name)
+
+
+def _kernel(scheduled, target: Target, tensors: list, layouts: list, name: str) -> Kernel:
+    """Build what ``scheduled()`` schedules for ``target`` (it must compile and be proven in
+    bounds), then schedule it again untensorized and compile that, serially, for the CPU."""
+    from ..ops import kernels
+    from ..schedules.cuda import untensorized
+
+    mod = scheduled()
     compile_checked(mod, target, name)  # the CUDA kernel itself builds and is in bounds
-    executable = compile_checked(serial_threads(mod), CPU, name)
+    with untensorized():
+        emulated = scheduled()
+    executable = compile_checked(serial_threads(emulated), CPU, name)
     specs = [TensorSpec.of(t, layout).to_json()
              for t, layout in zip(tensors, layouts, strict=True)]
     metadata = {"kernel_name": name, "inputs": specs[:-1], "outputs": specs[-1:],

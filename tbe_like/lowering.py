@@ -1,0 +1,56 @@
+"""Rewrites of a scheduled module that TVM's lowering needs to see, applied before every build.
+
+``fold_guards``: a shared-memory copy of an implicit-GEMM operand reads through two padding
+stages inlined into one another (the convolution's zero padding, then the padding of the GEMM
+to whole tiles), so its value is ``if_then_else(a, if_then_else(b, x, 0), 0)``. TVM turns a
+copy into ``cp.async`` (with zero fill where the guard is false) and a vector load only when the
+value is one guarded load, ``if_then_else(a and b, x, 0)``; the nested form stays a scalar
+gather. The two are the same value: ``x`` where both guards hold, else the common default.
+"""
+
+from __future__ import annotations
+
+from tvm_ffi import structural_map
+
+from ._tvm import And, Call, s_tir, tirx
+
+_IF_THEN_ELSE = "prim.if_then_else"
+
+
+def _is_guard(expr) -> bool:
+    return isinstance(expr, Call) and getattr(expr.op, "name", "") == _IF_THEN_ELSE
+
+
+def _same_constant(a, b) -> bool:
+    return (isinstance(a, (tirx.IntImm, tirx.FloatImm)) and type(a) is type(b)
+            and a.value == b.value and str(a.ty) == str(b.ty))
+
+
+def _fold(call):
+    """``if_then_else(a, if_then_else(b, x, c), c)`` -> ``if_then_else(a and b, x, c)``, for a
+    constant ``c`` (the inner call is already folded: the map works bottom-up)."""
+    if not _is_guard(call):
+        return call
+    cond, then, other = call.args
+    if _is_guard(then) and _same_constant(then.args[2], other):
+        return tirx.if_then_else(And(cond, then.args[0]), then.args[1], other)
+    return call
+
+
+def fold_guards(mod):
+    """``mod`` with every nested zero-padding guard folded into one (see the module's doc)."""
+    return structural_map(mod, [(Call, _fold)])
+
+
+def prepare(mod):
+    """What every build lowers: ``mod`` with its guards folded, then simplified in each block's
+    iterator domains (TVM's ``StmtSimplify`` on the scheduled module).
+
+    The second step is for vectorized copies: a copy iterates (run, lane) over a contiguous
+    axis ``run * lanes + lane`` (``schedules.cuda.gemm.stage_operand``); knowing the lane is
+    below ``lanes``, the simplifier turns every index of that axis (``// 576``, ``% 144 // 48``
+    of an im2col) into one of the run alone plus the lane in the last term. Lowered first, the
+    run becomes a sum of thread and loop terms the vectorizer cannot see is a multiple of
+    ``lanes``, and it falls back to scalar loads.
+    """
+    return s_tir.transform.StmtSimplify()(fold_guards(mod))
