@@ -2,9 +2,9 @@
 
 Without a GPU (CI, this machine) every template is compiled to CUDA source and inspected:
 kernels present, every block under a thread binding, shared-memory staging, ``mma.sync`` with
-``ldmatrix`` and ``cp.async`` for float16/bfloat16 and plain FMAs for float32 (and for float16 below sm_80). Building through
-nvcc (``dsl.build``) is checked on a few kernels; the numeric tests run where a GPU is present
-(``gpu`` marker) and are skipped otherwise.
+``ldmatrix`` and ``cp.async`` for float16/bfloat16 and plain FMAs for float32 (and for float16
+below sm_80). Building through nvcc (``dsl.build``) is checked on a few kernels; the numeric
+tests run where a GPU is present (``gpu`` marker) and are skipped otherwise.
 """
 
 from __future__ import annotations

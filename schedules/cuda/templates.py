@@ -24,7 +24,6 @@ import contextvars
 
 from . import gemm
 from .common import bind_remaining
-from .mma import FRAG, FRAGMENT_SCOPE, SHARED_SCOPE, fragment_layout, mma_intrinsics
 from .knobs import (
     SAMPLE,
     Knobs,
@@ -34,6 +33,7 @@ from .knobs import (
     default_knobs,
     sample_knobs,
 )
+from .mma import FRAG, FRAGMENT_SCOPE, SHARED_SCOPE, fragment_layout, mma_intrinsics
 
 WARP = 32
 _TENSORIZE = contextvars.ContextVar("tbe_like_cuda_tensorize", default=True)
@@ -97,7 +97,7 @@ def tensor_core(sch, block, tile: TensorCoreTile, dtype: str):
                 for operand, name in enumerate("ab")]
     intrins = mma_intrinsics(dtype, stagings[0].orientation, stagings[1].orientation)
     frags = []
-    for operand, staging in enumerate(stagings):
+    for operand in range(2):
         frag = sch.cache_read(outer, operand, FRAGMENT_SCOPE)
         sch.compute_at(frag, k1)
         sch.transform_layout(frag, ("write", 0), lambda *ax: (*ax[:-2],
