@@ -297,7 +297,8 @@ def stage_operand(sch, block, operand: int, loop, threads: tuple[int, int], name
         orientation, axis = {"a": "mk", "b": "nk"}[name], -1
     else:
         orientation, axis = {"a": "km", "b": "kn"}[name], -2
-        sch.transform_layout(cache, ("write", 0), lambda *ax: (*ax[:-2], ax[-1], ax[-2]))
+        sch.transform_layout(cache, ("write", 0), lambda *ax: (*ax[:-2], ax[-1], ax[-2]),
+                             assume_injective_transform=True)  # a transpose
     contiguous = stmt.iter_vars[axis]
     lanes = most_bytes // itemsize
     while lanes > 1 and (int(contiguous.dom.extent) % lanes

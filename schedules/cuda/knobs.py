@@ -163,9 +163,14 @@ def default_knobs(extents: tuple[int, int, int, int], dtype: str, target) -> Kno
 
 
 def candidates(extents: tuple[int, int, int, int], dtype: str, target) -> list[Knobs]:
-    """The knob values a tuner may try for one GEMM block (the default first)."""
+    """The knob values a tuner may try for one GEMM block (the default first).
+
+    Tiles that would be more than half padding along I or J (twice the extent or more) are
+    left out: they compute the same values as a smaller tile, on more zeros.
+    """
+    _, m, n, _ = extents
     default = default_knobs(extents, dtype, target)
-    found = [default]
+    found = {default: None}
     if isinstance(default.tile, TensorCoreTile):
         tiles = [TensorCoreTile(wm, wn, fm, fn, kf, st) for wm in (1, 2, 4) for wn in (1, 2, 4)
                  for fm in (1, 2, 4) for fn in (1, 2, 4) for kf in (1, 2, 4) for st in (2, 3, 4)
@@ -175,14 +180,14 @@ def candidates(extents: tuple[int, int, int, int], dtype: str, target) -> list[K
                  for rm in (1, 2, 4) for rn in (1, 2, 4) for tk in (8, 16, 32)
                  if tm * tn <= 512]
     for tile in tiles:
-        if tile.shared_bytes() > tile.shared_limit():
+        tm, tn, _ = tile.shape
+        if (tile.shared_bytes() > tile.shared_limit() or tm >= 2 * max(m, FRAG)
+                or tn >= 2 * max(n, FRAG)):
             continue
         best = _split_for(extents, tile)
         for split in sorted({1, best, 2 * best}):
-            knobs = Knobs(tile, min(split, MAX_SPLIT_K))
-            if knobs not in found:
-                found.append(knobs)
-    return found
+            found.setdefault(Knobs(tile, min(split, MAX_SPLIT_K)), None)
+    return list(found)
 
 
 def sample_knobs(sch, extents: tuple[int, int, int, int], dtype: str, target) -> Knobs:

@@ -66,6 +66,12 @@ def _fragment_tiles(sch, block, rows: int = FRAG, cols: int = FRAG):
     return r1
 
 
+def _fragment_map(*axes):
+    """A buffer of fragment tiles: its last two axes in ``fragment_layout`` (a bijection onto
+    (tile row, tile column, lane, slot): TVM need not re-prove it for every buffer)."""
+    return (*axes[:-2], *fragment_layout(*axes[-2:]))
+
+
 def tensor_core(sch, block, tile: TensorCoreTile, dtype: str):
     """Schedule a normalized GEMM block (S..., I, J, K) on tensor cores (``mma.sync``).
 
@@ -100,8 +106,7 @@ def tensor_core(sch, block, tile: TensorCoreTile, dtype: str):
     for operand in range(2):
         frag = sch.cache_read(outer, operand, FRAGMENT_SCOPE)
         sch.compute_at(frag, k1)
-        sch.transform_layout(frag, ("write", 0), lambda *ax: (*ax[:-2],
-                                                               *fragment_layout(*ax[-2:])))
+        sch.transform_layout(frag, ("write", 0), _fragment_map, assume_injective_transform=True)
         frags.append(frag)
 
     staged = sch.cache_write(outer, 0, SHARED_SCOPE)
@@ -109,7 +114,7 @@ def tensor_core(sch, block, tile: TensorCoreTile, dtype: str):
     acc = sch.cache_write(outer, 0, FRAGMENT_SCOPE)
     sch.reverse_compute_at(acc, warps)
     sch.reverse_compute_at(staged, warps)
-    sch.transform_layout(acc, ("read", 0), lambda *ax: (*ax[:-2], *fragment_layout(*ax[-2:])))
+    sch.transform_layout(acc, ("read", 0), _fragment_map, assume_injective_transform=True)
     init = sch.decompose_reduction(outer, k0)
     # Stage s of the pipeline copies K tile k0 + s while tile k0 is multiplied.
     sch.annotate(k0, "software_pipeline_stage", [0, 0, tile.stages - 1])
