@@ -1,17 +1,22 @@
 """``mma.sync`` tensor intrinsics (m16n8k16, float32 accumulation) with ``ldmatrix`` operand loads.
 
-A warp multiplies 16x16 tiles held in registers ("warp" scope buffers of 32 threads x 8
-values). Where each value of a tile lives is PTX's fragment layout: ``fragment(r, c)`` gives the
+A warp multiplies 16x16 tiles held in registers, 8 values per thread. Where each value of a
+tile lives is PTX's fragment layout: ``fragment(r, c)`` gives the
 (thread, slot) of element (r, c) of a 16x16 tile of 16-bit values (the layout of the A operand
 of m16n8k16, of its float32 accumulator, and of B read as two n8 halves). ``ldmatrix.x4``
 loads such a tile from shared memory in one instruction per warp; with ``.trans`` it loads the
 transpose, so an operand can be staged in shared memory K-major or K-minor, whichever lets
 the global-to-shared copy move 16 contiguous bytes.
 
-TVM ships these intrinsics for float16 only (and importing ``tvm.s_tir.tensor_intrin.cuda``
-costs tens of seconds); they are defined here for float16 and bfloat16, for each staging of A
-and B, and registered on first use. Their semantics (the ``desc`` functions) are plain TIR,
-which is what ``tbe_like.testing.emulate`` runs on the CPU in their place.
+TVM ships these intrinsics for float16 only, on "warp" scope buffers (importing
+``tvm.s_tir.tensor_intrin.cuda`` costs tens of seconds); they are defined here for float16
+and bfloat16, for each staging of A and B, and registered on first use. A fragment buffer
+here is per-thread registers ("local") with the lane as an explicit axis (``fragment_layout``)
+and each implementation addresses its own thread's 8 slots: TVM 0.27 lifts every thread
+binding of a kernel to its top (``LiftThreadBinding``), after which its warp-memory lowering
+finds no ``threadIdx.x`` below a warp buffer and refuses the kernel. Their semantics (the
+``desc`` functions) are plain TIR, which is what ``tbe_like.testing.emulate`` runs on the CPU in
+their place.
 
 Operand stagings (the shared-memory tile of one 16x16 fragment):
 
@@ -24,7 +29,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from tbe_like._tvm import T, TensorIntrin, tirx
+from tbe_like._tvm import T, TensorIntrin
 
 FRAG = 16  # the m = n = k extent of one fragment tile
 WARP = 32
@@ -278,9 +283,3 @@ def mma_intrinsics(dtype: str, a_staging: str, b_staging: str) -> MmaIntrins:
         fill=_register(f"{_PREFIX}_fill_f32", _fill),
         store=_register(f"{_PREFIX}_store_f32", _store),
     )
-
-
-def is_tensor_core_call(call) -> bool:
-    """Whether a TIR call is one of these intrinsics' (no CPU lowering exists for them)."""
-    return isinstance(call, tirx.Call) and any(
-        name in str(call.op) for name in ("ldmatrix", "mma", "cp_async"))
