@@ -148,7 +148,7 @@ def test_random_configurations_match_reference(seed):
 
 
 @pytest.mark.parametrize("seed, dtype", [(5, "float32"), (6, "float32"), (7, "float32"),
-                                         (5, "float16"), (7, "float16")])
+                                         (5, "float16")])
 def test_sampled_knobs_match_reference(seed, dtype):
     """``knobs=SAMPLE`` (the tuner's space: other tiles, warps, K depths, pipeline stages,
     split K) on one configuration, on the SIMT (float32) and tensor-core (float16) templates."""

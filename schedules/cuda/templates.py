@@ -12,8 +12,9 @@ Both templates share the outer structure::
 16x16 float32 accumulator tiles (registers in PTX's fragment layout) and consumes the stage 16
 deep at a time with ``mma.sync.m16n8k16`` on fragments ``ldmatrix`` loads out of shared memory;
 the K loop is a software pipeline whose copies are ``cp.async``; the accumulators go back
-through shared memory so that the epilogue is written by all 32 lanes (threadIdx.x). ``simt`` (float32, or older GPUs): each thread
-(threadIdx.y, threadIdx.x) owns a ``tile_m x tile_n`` register tile and does scalar FMAs.
+through shared memory so that the epilogue is written by all 32 lanes (threadIdx.x). ``simt``
+(float32, or older GPUs): each thread (threadIdx.y, threadIdx.x) owns a ``tile_m x tile_n``
+register tile and does scalar FMAs.
 Consecutive thread blocks share their I tile (the S and J tiles vary fastest), so the A tile
 they all read (the im2col of dy for the input gradient) is served from L2.
 """
