@@ -214,15 +214,6 @@ def stage_in_shared(sch, block, operand: int, scope: str, loop, threads: tuple[i
     return cache
 
 
-@dataclass(frozen=True)
-class Staging:
-    """How one operand tile sits in shared memory (``stage_operand``)."""
-
-    cache: s_tir.schedule.SBlockRV
-    orientation: str  # "mk"/"nk" (rows of the tile along I/J, K contiguous) or "km"/"kn"
-    lanes: int  # elements each thread copies at once (a vector of ``lanes`` contiguous values)
-
-
 def _global_loads(stmt) -> tuple[list, list]:
     """The loads of global buffers in a copy block's body, and the conditions guarding them."""
     loads, conditions = [], []
@@ -278,9 +269,11 @@ def _copies_lanes(stmt, var, lanes: int) -> bool:
 
 
 def stage_operand(sch, block, operand: int, loop, threads: tuple[int, int], name: str,
-                  scope: str, most_bytes: int = 16) -> Staging:
+                  scope: str, most_bytes: int = 16) -> str:
     """Copy one operand tile of a tensor-core GEMM to shared memory at ``loop``, oriented so the
-    copy is contiguous on both sides, and vectorized as wide as can be proven aligned.
+    copy is contiguous on both sides, and vectorized as wide as can be proven aligned. Returns
+    the tile's orientation in shared memory: "mk"/"nk" (rows along I/J, K contiguous) or
+    "km"/"kn".
 
     The copy (im2col and layout stages inlined) walks the tile along the axis that is
     contiguous in global memory; the shared tile is laid out the same way, so each thread moves
@@ -309,15 +302,13 @@ def stage_operand(sch, block, operand: int, loop, threads: tuple[int, int], name
     # TVM's vectorizer (and, after it, the cp.async injection) needs to emit one 16-byte access.
     # Without a vector (lanes = 1) the contiguous axis still goes innermost, for coalescing.
     other = -1 if axis == -2 else -2
-    if lanes > 1:
-        split = tirx.IndexMap.from_func(
-            lambda *ax: (*ax[:-2], ax[other], ax[axis] // lanes, ax[axis] % lanes),
-            ndim=len(stmt.iter_vars), index_dtype=str(contiguous.var.ty))
-    else:
-        split = tirx.IndexMap.from_func(lambda *ax: (*ax[:-2], ax[other], ax[axis]),
-                                        ndim=len(stmt.iter_vars),
-                                        index_dtype=str(contiguous.var.ty))
-    sch.transform_block_layout(cache, split)
+
+    def split(*ax):
+        runs = (ax[axis] // lanes, ax[axis] % lanes) if lanes > 1 else (ax[axis],)
+        return (*ax[:-2], ax[other], *runs)
+
+    sch.transform_block_layout(cache, tirx.IndexMap.from_func(
+        split, ndim=len(stmt.iter_vars), index_dtype=str(contiguous.var.ty)))
     sch.compute_at(cache, loop)
     loops = sch.get_loops(cache)
     own = loops[[sch.get(x).same_as(sch.get(loop)) for x in loops].index(True) + 1:]
@@ -328,7 +319,7 @@ def stage_operand(sch, block, operand: int, loop, threads: tuple[int, int], name
     if lanes > 1:
         sch.vectorize(own[-1])
     sch.storage_align(cache, 0, axis=-2, factor=16, offset=8)
-    return Staging(cache, orientation, lanes)
+    return orientation
 
 
 def split_k(sch, block, parts: int):

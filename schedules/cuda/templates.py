@@ -101,9 +101,9 @@ def tensor_core(sch, block, tile: TensorCoreTile, dtype: str):
     sch.bind(warps, "threadIdx.y")
 
     threads = (tile.warp_m * tile.warp_n, WARP)
-    stagings = [gemm.stage_operand(sch, outer, operand, k0, threads, name, SHARED_SCOPE)
-                for operand, name in enumerate("ab")]
-    intrins = mma_intrinsics(dtype, stagings[0].orientation, stagings[1].orientation)
+    a_staging, b_staging = (gemm.stage_operand(sch, outer, operand, k0, threads, name,
+                                               SHARED_SCOPE) for operand, name in enumerate("ab"))
+    intrins = mma_intrinsics(dtype, a_staging, b_staging)
     frags = []
     for operand in range(2):
         frag = sch.cache_read(outer, operand, FRAGMENT_SCOPE)

@@ -88,7 +88,8 @@ def emulated_kernel(graph, target: Target, knobs: Any = None, name: str = "emula
         kernels.schedule(sch, graph, target, knobs)
         return sch.mod
 
-    return _kernel(scheduled, target, [*graph.inputs, graph.output], graph.layouts, name)
+    return _kernel(scheduled(), scheduled, target, [*graph.inputs, graph.output],
+                   graph.layouts, name)
 
 
 def emulated_dsl_kernel(res, target: Any, name: str = "emulated") -> Kernel:
@@ -99,17 +100,18 @@ def emulated_dsl_kernel(res, target: Any, name: str = "emulated") -> Kernel:
     schedule = dsl.auto_schedule(res, target=target)
     cuda = _cuda("emulate", schedule.target)
     tensors = [*schedule.inputs, schedule.output]
-    return _kernel(lambda: dsl.auto_schedule(res, target=cuda).sch.mod, cuda, tensors,
-                   [""] * len(tensors), name)
+    return _kernel(schedule.sch.mod, lambda: dsl.auto_schedule(res, target=cuda).sch.mod, cuda,
+                   tensors, [""] * len(tensors), name)
 
 
-def _kernel(scheduled, target: Target, tensors: list, layouts: list, name: str) -> Kernel:
-    """Build what ``scheduled()`` schedules for ``target`` (it must compile and be proven in
-    bounds), then schedule it again untensorized and compile that, serially, for the CPU."""
+def _kernel(mod: IRModule, scheduled, target: Target, tensors: list, layouts: list,
+            name: str) -> Kernel:
+    """Build ``mod`` (scheduled for ``target``; it must compile and be proven in bounds), then
+    schedule it again with ``scheduled()``, untensorized, and compile that, serially, for the
+    CPU."""
     from ..ops import kernels
     from ..schedules.cuda import untensorized
 
-    mod = scheduled()
     compile_checked(mod, target, name)  # the CUDA kernel itself builds and is in bounds
     with untensorized():
         emulated = scheduled()
