@@ -42,6 +42,29 @@ BAD_NAMES = {
 NAME_RULE = "must be an identifier"
 
 
+def tiered(cases, keep) -> list:
+    """``cases`` as ``pytest.param``s: those ``keep(index, case)`` selects run in the default
+    tier, the others only under ``-m slow`` (the full sweep). ``keep`` must cover every value
+    of every parameter at least once, so the default tier still builds each knob, dtype and
+    arch; the full product stays one ``-m slow`` away."""
+    params = []
+    for i, case in enumerate(cases):
+        values = case if isinstance(case, tuple) else (case,)
+        params.append(pytest.param(*values, marks=() if keep(i, case) else pytest.mark.slow))
+    return params
+
+
+def pytest_collection_modifyitems(config, items):
+    """The quick tier (``-m quick``): the first case of every test function, so that each
+    module and each test runs once in about a minute (a developer's loop, not CI's run)."""
+    seen = set()
+    for item in items:
+        function = (item.path, getattr(item, "originalname", item.name))
+        if function not in seen and not item.get_closest_marker("slow"):
+            seen.add(function)
+            item.add_marker(pytest.mark.quick)
+
+
 def round_hf32(a: np.ndarray) -> np.ndarray:
     """float32 -> nearest-even at 10 mantissa bits (independent of the TE version)."""
     bits = np.asarray(a, np.float32).view(np.uint32).astype(np.uint64)

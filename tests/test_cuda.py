@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from conftest import NP_DTYPES, msg
+from conftest import NP_DTYPES, msg, tiered
 from tbe_like.schedules import cuda as cuda_rules
 from tbe_like.schedules import registry
 
@@ -153,10 +153,17 @@ def cuda_source():
     return get
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", list(CONVS))
-@pytest.mark.parametrize("op", list(OPS))
+def _template_cases():
+    """Every (op, shape, dtype, arch); by default two of each shape's six (dtype, arch) pairs,
+    rotated so that every dtype meets every arch on some shape (``-m slow``: all of them)."""
+    cases = [(op, name, dtype, arch) for op in OPS for name in CONVS for dtype in DTYPES
+             for arch in ARCHS]
+    names = list(CONVS)
+    return tiered(cases, lambda i, c: (names.index(c[1]) + list(OPS).index(c[0])
+                                       + 2 * DTYPES.index(c[2]) + ARCHS.index(c[3])) % 3 == 0)
+
+
+@pytest.mark.parametrize("op, name, dtype, arch", _template_cases())
 def test_templates_build(cuda_source, op, name, dtype, arch):
     sch, src = cuda_source(op, name, dtype, arch)
     assert '__global__ void' in src

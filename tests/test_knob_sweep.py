@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import NP_DTYPES, RTOL, conv3d, round_hf32, stage_names
+from conftest import NP_DTYPES, RTOL, conv3d, round_hf32, stage_names, tiered
 from tbe_like.schedules import Heuristic, candidates
 from tbe_like.schedules.common import MAX_VECTOR_LANES, SAMPLE
 from tbe_like.schedules.llvm import conv3d_backprop_filter as dw_rule
@@ -149,21 +149,50 @@ def _check(got, want, dtype="float32"):
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=0, atol=RTOL[dtype] * scale)
 
 
-@pytest.mark.parametrize("kind", list(GRADIENTS))
-@pytest.mark.parametrize("shape", list(SHAPES))
-def test_every_knob_set_matches_reference(shape, kind):
+# The default tier builds every third (form, knob set) pair of each case, rotated by the
+# shape's index: over the twelve shapes every knob set and form is built about four times.
+# ``-m slow`` builds them all.
+SWEEP_EVERY = 3
+
+
+@pytest.mark.parametrize("shape, kind, full", tiered(
+    [(s, k, full) for s in SHAPES for k in GRADIENTS for full in (False, True)],
+    lambda i, case: not case[2]))
+def test_every_knob_set_matches_reference(shape, kind, full):
     conv = SHAPES[shape]
-    failures = []
+    rotation = list(SHAPES).index(shape)
+    failures, pair = [], 0
     for form, winograd in _variants(kind, conv).items():
         graph = _graph(kind, conv, winograd)
         arrays = _inputs(graph)
-        want = _expected(kind, conv, arrays)
+        want = None
         for name, knobs in _knob_sets(kind, graph).items():
+            pair += 1
+            if not full and (pair + rotation) % SWEEP_EVERY:
+                continue
+            want = _expected(kind, conv, arrays) if want is None else want
             try:
                 _check(_run(graph, knobs, arrays), want)
             except AssertionError as err:
                 failures.append(f"{form} {name}: {str(err).splitlines()[-1]}")
+    assert pair, "no knob set to build"
     assert not failures, "\n".join(failures)
+
+
+def test_the_sampled_sweep_covers_every_knob_set():
+    """The default tier's rotation builds every knob set and every form of each gradient."""
+    offered, built = set(), set()
+    for rotation, conv in enumerate(SHAPES.values()):
+        for kind in GRADIENTS:
+            pair = 0
+            for form, winograd in _variants(kind, conv).items():
+                for name in _knob_sets(kind, _graph(kind, conv, winograd)):
+                    pair += 1
+                    keys = {(kind, "form", form), (kind, "knobs", name)}
+                    offered |= keys
+                    if (pair + rotation) % SWEEP_EVERY == 0:
+                        built |= keys
+    assert sorted(offered - built) == []
 
 
 PRECISIONS = {
@@ -174,20 +203,21 @@ PRECISIONS = {
 }
 
 
-@pytest.mark.parametrize("lanes", [8, 16])
-@pytest.mark.parametrize("prec", list(PRECISIONS))
-@pytest.mark.parametrize("kind", list(GRADIENTS))
-def test_every_precision_with_either_width(kind, prec, lanes):
+@pytest.mark.parametrize("kind, prec, lanes, winograd", tiered(
+    [(k, p, lanes, w) for k in GRADIENTS for p in PRECISIONS for lanes in (8, 16)
+     for w in (False, 4)],
+    # by default each (gradient, precision) builds both widths and both forms, not all four pairs
+    lambda i, case: (case[2] == 8) == (case[3] is False)))
+def test_every_precision_with_either_width(kind, prec, lanes, winograd):
     """Both widths' tiles on every precision, Winograd on (F(4,3)) and off."""
     conv = SHAPES["w13-cin20-cout24"]
     precision = kernels.Precision.on(TARGET, **{
         k: getattr(PRECISIONS[prec], k) for k in ("dtype", "compute", "hf32")})
-    for winograd in (False, 4):
-        graph = _graph(kind, conv, winograd, precision)
-        arrays = _inputs(graph)
-        got = _run(graph, Heuristic(lanes), arrays)
-        rounded = [_round(a, PRECISIONS[prec]) for a in arrays]
-        _check(got, _expected(kind, conv, rounded), _tolerance(PRECISIONS[prec]))
+    graph = _graph(kind, conv, winograd, precision)
+    arrays = _inputs(graph)
+    got = _run(graph, Heuristic(lanes), arrays)
+    rounded = [_round(a, PRECISIONS[prec]) for a in arrays]
+    _check(got, _expected(kind, conv, rounded), _tolerance(PRECISIONS[prec]))
 
 
 def _round(array, prec):
@@ -204,9 +234,9 @@ def _tolerance(prec):
 SAMPLED = ["w7-prime", "groups3-cin24-cout30", "stride2-w11", "dilated2"]
 
 
-@pytest.mark.parametrize("seed", [11, 12, 13])
-@pytest.mark.parametrize("kind", list(GRADIENTS))
-@pytest.mark.parametrize("shape", SAMPLED)
+@pytest.mark.parametrize("shape, kind, seed", tiered(
+    [(s, k, seed) for s in SAMPLED for k in GRADIENTS for seed in (11, 12, 13)],
+    lambda i, case: i % 3 == SAMPLED.index(case[0]) % 3))  # one seed per case, all seeds
 def test_sampled_knobs_match_reference(shape, kind, seed):
     """What the tuner can draw from the search space, on every form of the graph."""
     conv = SHAPES[shape]
