@@ -20,8 +20,10 @@ from tvm.script import tirx as T
 from tvm.support import nvcc
 from tvm.target import Target
 from tvm.target import codegen as target_codegen
+from tvm.tirx import decl_buffer
 from tvm.tirx.analysis import undefined_vars
-from tvm_ffi import structural_walk
+from tvm.tirx.transform.common import BufferReplacer
+from tvm_ffi import from_dlpack, structural_walk
 
 TVM_VERSION: str = tvm.__version__
 
@@ -29,6 +31,7 @@ __all__ = [
     "LT",
     "TVM_VERSION",
     "And",
+    "BufferReplacer",
     "Call",
     "FloorDiv",
     "IRModule",
@@ -36,6 +39,8 @@ __all__ = [
     "Target",
     "TensorIntrin",
     "TensorLoad",
+    "decl_buffer",
+    "from_dlpack",
     "gemm_index_maps",
     "get_root_block",
     "nvcc",

@@ -408,10 +408,10 @@ def compile_checked(mod, target, what: str = "kernel"):
     :func:`assert_single_writes`, prepared for lowering
     (``tbe_like.lowering.prepare``): every build of tbe_like (DSL, framework operators,
     tuning candidates, measured selection) goes through here."""
-    from .lowering import prepare
+    from .lowering import align_params, prepare
     from .target import build_config
 
-    prepared = prepare(mod)
+    prepared = align_params(prepare(mod), target)
     # The two modules make the same accesses (``prepare`` only simplifies); either form may be
     # the one the analyzer follows (a guard folded, an index simplified, or a predicate left as
     # written), so either proof will do.

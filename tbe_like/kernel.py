@@ -30,9 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from . import device_code
+from . import arrays, device_code
 from . import target as _target
 from ._tvm import TVM_VERSION, Target, tvm_runtime
+from .lowering import DEFAULT_PARAM_ALIGNMENT, param_alignment
 from .params import check_kernel_name
 
 METADATA_FORMAT = "tbe_like.kernel/1"
@@ -67,16 +68,12 @@ class TensorSpec:
         return asdict(self) | {"shape": list(self.shape)}
 
 
-def _numpy_dtype(dtype: str) -> np.dtype:
-    if dtype == "bfloat16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(dtype)
-
-
 class Kernel:
-    """A compiled operator: call it with NumPy arrays for the inputs, get the output back.
+    """A compiled operator: call it with the input arrays, get the output(s) back.
+
+    Inputs are NumPy arrays, PyTorch tensors or any other DLPack producer, read in place (see
+    ``tbe_like.arrays`` for the few cases that copy); outputs are arrays of the first input's
+    library on its device, or the ``out=`` arrays given.
 
     Parameters
     ----------
@@ -97,6 +94,9 @@ class Kernel:
         self.inputs = tuple(TensorSpec.from_json(t) for t in metadata["inputs"])
         self.outputs = tuple(TensorSpec.from_json(t) for t in metadata["outputs"])
         self.target_kind: str = metadata["target_kind"]
+        # Bytes the code assumes of its arguments' addresses (0: one element); kernels written
+        # before this was recorded assumed TVM's 64.
+        self.alignment: int = int(metadata.get("arg_alignment", DEFAULT_PARAM_ALIGNMENT))
 
     def __repr__(self) -> str:
         args = ", ".join(f"{t.name}{list(t.shape)}:{t.dtype}" for t in self.inputs)
@@ -110,43 +110,90 @@ class Kernel:
             return tvm_runtime.cuda(0)
         return tvm_runtime.cpu(0)
 
-    def _check_inputs(self, arrays: Sequence[Any]) -> list[np.ndarray]:
-        if len(arrays) != len(self.inputs):
+    def _view(self, role: str, spec: TensorSpec, array: Any) -> arrays.View:
+        """``array``'s view, checked against ``spec`` and this kernel's device."""
+        try:
+            view = arrays.view_of(array)
+        except TypeError:
+            raise TypeError(f"kernel {self.name}: {role} {spec.name!r} must be a NumPy array, a "
+                            f"torch tensor or a DLPack array, got {type(array).__name__}"
+                            ) from None
+        if view.shape != spec.shape:
+            raise ValueError(f"kernel {self.name}: {role} {spec.name!r} must have shape "
+                             f"{spec.shape}, got {view.shape}")
+        if view.dtype != spec.dtype:
+            raise ValueError(f"kernel {self.name}: {role} {spec.name!r} must have dtype "
+                             f"{spec.dtype}, got {view.dtype}")
+        if view.device not in arrays.DEVICE_TYPES[self.target_kind]:
+            raise ValueError(f"kernel {self.name}: {role} {spec.name!r} must be on the "
+                             f"{self.target_kind} kernel's device "
+                             f"({arrays.device_name(arrays.DEVICE_TYPES[self.target_kind][0])}),"
+                             f" got {arrays.device_name(view.device)}")
+        return view
+
+    def _args(self, inputs: Sequence[Any]) -> tuple[list[Any], list[arrays.View]]:
+        """The kernel's input arguments (the arrays themselves where they can be read in place)
+        and the inputs' views."""
+        if len(inputs) != len(self.inputs):
             names = [t.name for t in self.inputs]
             raise TypeError(f"kernel {self.name}: expected {len(self.inputs)} input arrays "
-                            f"{names}, got {len(arrays)}")
-        checked = []
-        for spec, arr in zip(self.inputs, arrays, strict=True):
-            if not isinstance(arr, np.ndarray):
-                raise TypeError(f"kernel {self.name}: input {spec.name!r} must be a numpy array, "
-                                f"got {type(arr).__name__}")
-            if tuple(arr.shape) != spec.shape:
-                raise ValueError(f"kernel {self.name}: input {spec.name!r} must have shape "
-                                 f"{spec.shape}, got {tuple(arr.shape)}")
-            if arr.dtype != _numpy_dtype(spec.dtype):
-                raise ValueError(f"kernel {self.name}: input {spec.name!r} must have dtype "
-                                 f"{spec.dtype}, got {arr.dtype}")
-            checked.append(np.ascontiguousarray(arr))
-        return checked
+                            f"{names}, got {len(inputs)}")
+        views = [self._view("input", spec, a)
+                 for spec, a in zip(self.inputs, inputs, strict=True)]
+        args = [arrays.kernel_arg(a, v, self.alignment)[0]
+                for a, v in zip(inputs, views, strict=True)]
+        return args, views
 
-    def _device_args(self, arrays: Sequence[Any]) -> list[Any]:
+    def _outs(self, like: Any, out: Any, in_views: list[arrays.View]):
+        """``(arrays returned, arguments written)``: new arrays of ``like``'s library, or the
+        ``out=`` arrays (through a fresh array where one cannot be written in place)."""
+        if out is None:
+            made = [arrays.empty_like_library(like, t.shape, t.dtype) for t in self.outputs]
+            return made, [arrays.kernel_arg(a, arrays.view_of(a), 1)[0] for a in made]
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        if len(outs) != len(self.outputs):
+            raise TypeError(f"kernel {self.name}: out must hold {len(self.outputs)} array(s), "
+                            f"got {len(outs)}")
+        written = []
+        for spec, o in zip(self.outputs, outs, strict=True):
+            view = self._view("out", spec, o)
+            if any(arrays.overlaps(view, v) for v in in_views):
+                raise ValueError(f"kernel {self.name}: out {spec.name!r} overlaps an input; "
+                                 "the kernel reads its inputs while it writes")
+            arg, copied = arrays.kernel_arg(o, view, self.alignment)
+            written.append((o, arg, copied))
+        return outs, written
+
+    def __call__(self, *inputs: Any, out: Any = None) -> Any:
+        """Run on the inputs (in ``tensor_list`` order); return the output(s).
+
+        ``inputs``: NumPy arrays, torch tensors or DLPack arrays of the kernel's shapes and
+        dtypes, on its device. ``out``: the output array(s) to write (one, or a sequence);
+        default new arrays of the first input's library (NumPy in, NumPy out; torch in, torch
+        out, on the same device).
+        """
+        self._device()
+        args, views = self._args(inputs)
+        results, written = self._outs(inputs[0], out, views)
+        if out is None:
+            self._func(*args, *written)
+        else:
+            self._func(*args, *(arg for _, arg, _ in written))
+            for target, arg, copied in written:
+                if copied:
+                    arrays.copy_into(target, arg)
+        return results[0] if len(results) == 1 else tuple(results)
+
+    def runner(self, *inputs: Any):
+        """A function of no arguments that runs the kernel once on ``inputs`` and waits for it:
+        the kernel alone, for timing it side by side with something else. NumPy inputs of a
+        CUDA kernel are copied to the GPU once, here; outputs are allocated once."""
         dev = self._device()
-        args = [tvm_runtime.tensor(a, dev) for a in self._check_inputs(arrays)]
+        if self.target_kind == "cuda":
+            inputs = [tvm_runtime.tensor(a, dev) if isinstance(a, np.ndarray) else a
+                      for a in inputs]
+        args, _ = self._args(inputs)
         args += [tvm_runtime.empty(t.shape, t.dtype, dev) for t in self.outputs]
-        return args
-
-    def __call__(self, *arrays: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
-        """Run on NumPy inputs (in ``tensor_list`` order); return the output array(s)."""
-        args = self._device_args(arrays)
-        self._func(*args)
-        outs = tuple(a.numpy() for a in args[len(self.inputs):])
-        return outs[0] if len(outs) == 1 else outs
-
-    def runner(self, *arrays: np.ndarray):
-        """A function of no arguments that runs the kernel once on ``arrays`` (copied to the
-        device once, here) and waits for it: for timing it side by side with something else."""
-        args = self._device_args(arrays)
-        dev = args[0].device
 
         def run() -> None:
             self._func(*args)
@@ -154,9 +201,10 @@ class Kernel:
 
         return run
 
-    def time(self, *arrays: np.ndarray, repeat: int = 5, min_seconds: float = 0.2) -> float:
-        """Median seconds of one call (excluding host/device copies), over ``repeat`` batches."""
-        run = self.runner(*arrays)
+    def time(self, *inputs: Any, repeat: int = 5, min_seconds: float = 0.2) -> float:
+        """Median seconds of one call of the kernel alone (no allocation, no host/device copy),
+        over ``repeat`` batches."""
+        run = self.runner(*inputs)
         run()  # warm up (page faults, thread pool start)
         times = []
         for _ in range(repeat):
@@ -249,6 +297,7 @@ def export_kernel(executable: Any, output_dir: str | os.PathLike, kernel_name: s
         "target": target_json(target),
         "target_kind": kind,
         "required_cpu_features": _target.required_x86_features(target) if kind == "llvm" else [],
+        "arg_alignment": param_alignment(target),
         "tvm_version": TVM_VERSION,
         "para_dict": _jsonable(para_dict),
     }

@@ -1,5 +1,11 @@
 """Rewrites of a scheduled module that TVM's lowering needs to see, applied before every build.
 
+``align_params``: TVM declares every parameter buffer 64-byte aligned, and LLVM then emits
+aligned vector moves (``vmovaps``) on it: a NumPy array (16-byte aligned by its allocator, any
+element for a view) handed over in place crashed the kernel. CPU kernels declare their
+parameters aligned to one element instead, which every array satisfies; unaligned vector moves
+cost nothing on aligned data, and the kernels' own stages stay 64-byte aligned.
+
 ``fold_guards``: a shared-memory copy of an implicit-GEMM operand reads through two padding
 stages inlined into one another (the convolution's zero padding, then the padding of the GEMM
 to whole tiles), so its value is ``if_then_else(a, if_then_else(b, x, 0), 0)``. TVM turns a
@@ -12,7 +18,10 @@ from __future__ import annotations
 
 from tvm_ffi import structural_map
 
-from ._tvm import And, Call, s_tir, tirx
+from ._tvm import And, BufferReplacer, Call, IRModule, decl_buffer, s_tir, tirx
+
+# The address alignment TVM declares its parameter buffers with (bytes).
+DEFAULT_PARAM_ALIGNMENT = 64
 
 _IF_THEN_ELSE = "prim.if_then_else"
 
@@ -40,6 +49,34 @@ def _fold(call):
 def fold_guards(mod):
     """``mod`` with every nested zero-padding guard folded into one (see the module's doc)."""
     return structural_map(mod, [(Call, _fold)])
+
+
+def _itemsize(buffer) -> int:
+    return max(1, buffer.ty.dtype.dtype.itemsize)
+
+
+def param_alignment(target) -> int:
+    """The bytes a kernel for ``target`` assumes of its parameters' addresses: ``0`` for one
+    element of each parameter's dtype (CPU kernels, see the module's doc), else TVM's 64."""
+    return 0 if str(target.kind.name) == "llvm" else DEFAULT_PARAM_ALIGNMENT
+
+
+def align_params(mod, target):
+    """``mod`` with its parameters declared as :func:`param_alignment` says: aligned to one
+    element for a CPU ``target``; unchanged for a GPU one (its vector copies need the
+    alignment, which ``Kernel`` checks at call time)."""
+    if param_alignment(target):
+        return mod
+    funcs = {}
+    for gvar, func in mod.functions.items():
+        if isinstance(func, tirx.PrimFunc):
+            replace = {p: decl_buffer(p.ty.shape, p.ty.dtype, p.name, None, p.ty.strides,
+                                      p.ty.elem_offset, p.scope(), _itemsize(p),
+                                      p.ty.offset_factor)
+                       for p in func.params if p.ty.data_alignment > _itemsize(p)}
+            func = BufferReplacer(replace)(func) if replace else func
+        funcs[gvar] = func
+    return IRModule(funcs, attrs=mod.attrs)
 
 
 def prepare(mod):

@@ -167,7 +167,8 @@ CALL_CASES = {
     "three-arrays": (lambda x, dy: (x, dy, dy), TypeError,
                      r"kernel_small: expected 2 input arrays \['x', 'dy'\], got 3"),
     "list-not-array": (lambda x, dy: (x, dy.tolist()), TypeError,
-                       "kernel_small: input 'dy' must be a numpy array, got list"),
+                       "kernel_small: input 'dy' must be a NumPy array, a torch tensor or a "
+                       "DLPack array, got list"),
 }
 
 

@@ -6,26 +6,30 @@ from typing import Any
 
 import numpy as np
 
+from .. import arrays
 from .._tvm import Target
 from ..target import resolve_target
 
 
 def dtype_name(op: str, name: str, array: Any) -> str:
-    """The dtype name of an array, or of anything with ``.shape`` and ``.dtype`` (a spec)."""
+    """The dtype name of an array (NumPy, torch, DLPack), or of anything with ``.shape`` and
+    ``.dtype`` (a spec)."""
     if not hasattr(array, "shape") or not hasattr(array, "dtype"):
-        raise TypeError(f"{op}: {name} must be a numpy array (or have .shape and .dtype), got "
-                        f"{type(array).__name__}")
-    return np.dtype(array.dtype).name
+        raise TypeError(f"{op}: {name} must be a NumPy array, a torch tensor or a DLPack array "
+                        f"(or have .shape and .dtype), got {type(array).__name__}")
+    return arrays.dtype_name(array)
 
 
-def check_array(op: str, name: str, array: Any, shape: tuple, dtype: str) -> np.ndarray:
+def check_array(op: str, name: str, array: Any, shape: tuple, dtype: str) -> Any:
     """``array`` as an executor prepared for ``shape`` and ``dtype`` must receive it."""
-    if not isinstance(array, np.ndarray):
-        raise TypeError(f"{op}: {name} must be a numpy array, got {type(array).__name__}")
-    if tuple(array.shape) != tuple(shape) or array.dtype.name != dtype:
+    if not (isinstance(array, np.ndarray) or hasattr(array, "__dlpack__")):
+        raise TypeError(f"{op}: {name} must be a NumPy array, a torch tensor or a DLPack array, "
+                        f"got {type(array).__name__}")
+    got_shape, got_dtype = tuple(array.shape), dtype_name(op, name, array)
+    if got_shape != tuple(shape) or got_dtype != dtype:
         raise ValueError(f"{op}: {name} must have shape {tuple(shape)} and dtype {dtype} "
                          f"(the executor was prepared for them), got shape "
-                         f"{tuple(array.shape)} dtype {array.dtype.name}")
+                         f"{got_shape} dtype {got_dtype}")
     return array
 
 

@@ -27,8 +27,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-import numpy as np
-
+from .. import arrays
 from .._tvm import Target
 from ..cache import KernelCache, default_cache
 from ..kernel import Kernel
@@ -77,30 +76,65 @@ class ConvolutionBackwardExecutor:
         return (f"ConvolutionBackwardExecutor({OP}, mask={self.params.output_mask}, "
                 f"kernels={sorted(self.kernels)}, workspace_size={self.workspace_size})")
 
-    def __call__(self, grad_output: np.ndarray, input: np.ndarray, weight: np.ndarray
-                 ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+    def __call__(self, grad_output: Any, input: Any, weight: Any, *,
+                 out: Sequence[Any] | None = None) -> tuple[Any, Any, Any]:
+        """The gradients ``(grad_input, grad_weight, grad_bias)`` (``None`` where masked off).
+
+        The arrays are NumPy arrays, torch tensors (on the kernels' device) or other DLPack
+        arrays, read in place; the results are arrays of grad_output's library on its device.
+        ``out``: three arrays to write the results into (``None`` entries are allocated).
+        """
         p = self.params
         go = check_array(OP, "grad_output", grad_output, p.grad_output_shape, p.grad_output_dtype)
         x = check_array(OP, "input", input, p.input_shape, p.input_dtype)
         w = check_array(OP, "weight", weight, p.weight_shape, p.weight_dtype)
+        outs = _out_triple(out)
 
-        def as5(a: np.ndarray, shape5: tuple) -> np.ndarray:
-            a = a if a.dtype.name == p.dtype else a.astype(p.dtype)
-            return np.ascontiguousarray(a).reshape(shape5)
+        def as5(a: Any, shape5: tuple) -> Any:
+            return arrays.reshape(arrays.cast(a, p.dtype), shape5)
 
         go5, x5, w5 = as5(go, p.grad_output_shape5), as5(x, p.input_shape5), as5(w, p.weight_shape5)
         grad_input = grad_weight = grad_bias = None
         if "grad_input" in self.kernels:
-            grad_input = self.kernels["grad_input"](go5, w5).reshape(p.input_shape)
-            grad_input = grad_input.astype(p.grad_input_dtype, copy=False)
+            grad_input = _run(self.kernels["grad_input"], (go5, w5), p.input_shape,
+                              p.grad_input_dtype, outs[0], "grad_input")
         if "grad_weight" in self.kernels:
-            args = (go5, x5) if p.transposed else (x5, go5)
-            grad_weight = self.kernels["grad_weight"](*args).reshape(p.weight_shape)
-            grad_weight = grad_weight.astype(p.grad_weight_dtype, copy=False)
+            grad_weight = _run(self.kernels["grad_weight"], (go5, x5) if p.transposed else
+                               (x5, go5), p.weight_shape, p.grad_weight_dtype, outs[1],
+                               "grad_weight")
         if p.output_mask[2]:
-            axes = (0, *range(2, go.ndim))
-            grad_bias = go.sum(axis=axes, dtype=np.float32).astype(p.grad_bias_dtype)
+            grad_bias = arrays.sum_float32(go, (0, *range(2, len(p.grad_output_shape))),
+                                           p.grad_bias_dtype)
+            if outs[2] is not None:
+                check_array(OP, "out grad_bias", outs[2], grad_bias.shape, p.grad_bias_dtype)
+                arrays.copy_into(outs[2], grad_bias)
+                grad_bias = outs[2]
         return grad_input, grad_weight, grad_bias
+
+
+def _out_triple(out: Sequence[Any] | None) -> tuple[Any, Any, Any]:
+    if out is None:
+        return None, None, None
+    if not isinstance(out, (tuple, list)) or len(out) != 3:
+        raise TypeError(f"{OP}: out must be a sequence of 3 arrays or None (grad_input, "
+                        f"grad_weight, grad_bias), got {type(out).__name__}")
+    return tuple(out)
+
+
+def _run(kernel: Kernel, inputs: tuple, shape: tuple, dtype: str, out: Any, name: str) -> Any:
+    """``kernel(*inputs)`` as an array of ``shape`` and ``dtype``, written into ``out`` if given
+    (in place when ``out`` has the kernel's dtype and is contiguous)."""
+    (spec,) = kernel.outputs
+    if out is not None:
+        check_array(OP, f"out {name}", out, shape, dtype)
+    if out is not None and spec.dtype == dtype and arrays.is_contiguous(out):
+        kernel(*inputs, out=arrays.reshape(out, spec.shape))
+        return out
+    result = arrays.cast(arrays.reshape(kernel(*inputs), shape), dtype)
+    if out is None:
+        return result
+    arrays.copy_into(out, result)
+    return out
 
 
 def kernel_kinds(p: ConvolutionBackwardParams) -> dict[str, tuple[str, bool]]:
@@ -167,19 +201,22 @@ def prepare_convolution_backward(grad_output: Any, input: Any, weight: Any, *,
     return ConvolutionBackwardExecutor(p, target_of(OP, target), cache or default_cache)
 
 
-def convolution_backward(grad_output: np.ndarray, input: np.ndarray, weight: np.ndarray, *,
+def convolution_backward(grad_output: Any, input: Any, weight: Any, *,
                          bias_sizes: Sequence[int] | None, stride: Any, padding: Any,
                          dilation: Any, transposed: bool = False, output_padding: Any = 0,
                          groups: int = 1, output_mask: Sequence[bool] = (True, True, True),
                          cube_math_type: int = 0, target: Any = None,
-                         cache: KernelCache | None = None
-                         ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+                         cache: KernelCache | None = None, out: Sequence[Any] | None = None
+                         ) -> tuple[Any, Any, Any]:
     """The gradients of a convolution, as ``aten.convolution_backward`` / aclnn.
 
     Parameters
     ----------
-    grad_output, input, weight : numpy.ndarray
-        NCL, NCHW or NCDHW (all the same rank); float32, float16 or ``ml_dtypes.bfloat16``.
+    grad_output, input, weight : array
+        NCL, NCHW or NCDHW (all the same rank); float32, float16 or bfloat16 (NumPy:
+        ``ml_dtypes.bfloat16``). NumPy arrays, torch tensors (CPU, or CUDA for a CUDA target)
+        or any DLPack array: read in place, never copied when C-contiguous
+        (``tbe_like.arrays`` says when one is).
         ``weight`` is ``(Cout, Cin/groups, k...)``, or ``(Cin, Cout/groups, k...)`` when
         ``transposed``.
     bias_sizes : sequence of int or None
@@ -198,14 +235,17 @@ def convolution_backward(grad_output: np.ndarray, input: np.ndarray, weight: np.
         Where the kernels run (default: this CPU).
     cache : KernelCache, optional
         Default: the per-user cache (``$TBE_LIKE_CACHE_DIR`` or ``~/.cache/tbe_like``).
+    out : 3 arrays or None, optional
+        Where to write (grad_input, grad_weight, grad_bias); ``None`` entries are allocated.
 
     Returns
     -------
     (grad_input, grad_weight, grad_bias)
-        Arrays shaped like input, weight and ``(Cout,)``; ``None`` where masked off.
+        Arrays shaped like input, weight and ``(Cout,)``, of grad_output's library on its
+        device (NumPy in, NumPy out; torch in, torch out); ``None`` where masked off.
     """
     executor = prepare_convolution_backward(
         grad_output, input, weight, bias_sizes=bias_sizes, stride=stride, padding=padding,
         dilation=dilation, transposed=transposed, output_padding=output_padding, groups=groups,
         output_mask=output_mask, cube_math_type=cube_math_type, target=target, cache=cache)
-    return executor(grad_output, input, weight)
+    return executor(grad_output, input, weight, out=out)

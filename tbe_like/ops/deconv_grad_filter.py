@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
+from .. import arrays
 from ..cache import KernelCache, default_cache
 from ..kernel import Kernel
 from ..tune import records_fingerprint
@@ -65,13 +64,17 @@ class DeconvGradFilterExecutor:
         self.kernel = built
         self.workspace_size = int(self.kernel.metadata["para_dict"].get("workspace_bytes", 0))
 
-    def __call__(self, dy: np.ndarray, x: np.ndarray) -> np.ndarray:
+    def __call__(self, dy: Any, x: Any, *, out: Any = None) -> Any:
+        """The filter gradient of ``dy`` and ``x`` (NumPy, torch or DLPack arrays, read in
+        place), as an array of dy's library, or written into ``out``."""
         p = self.params
         check_array(DECONV_OP, "dy", dy, p.dy_shape, p.dtype)
         check_array(DECONV_OP, "x", x, p.x_shape, p.dtype)
+        if out is not None:
+            check_array(DECONV_OP, "out", out, p.out_shape, p.dtype)
         b = p.dy_shape[0]
-        return self.kernel(np.ascontiguousarray(dy).reshape(b, 1, *p.dy_shape[1:]),
-                           np.ascontiguousarray(x).reshape(b, 1, *p.x_shape[1:]))
+        return self.kernel(arrays.reshape(dy, (b, 1, *p.dy_shape[1:])),
+                           arrays.reshape(x, (b, 1, *p.x_shape[1:])), out=out)
 
 
 def prepare_deconv_grad_filter(dy: Any, x: Any, *, kernel: Any, stride: Any, pad: Any,
@@ -85,29 +88,33 @@ def prepare_deconv_grad_filter(dy: Any, x: Any, *, kernel: Any, stride: Any, pad
     return DeconvGradFilterExecutor(p, target_of(DECONV_OP, target), cache or default_cache)
 
 
-def deconv_grad_filter(dy: np.ndarray, x: np.ndarray, *, kernel: Any, stride: Any, pad: Any,
+def deconv_grad_filter(dy: Any, x: Any, *, kernel: Any, stride: Any, pad: Any,
                        dilation: Any, group: int, target: Any = None,
-                       cache: KernelCache | None = None) -> np.ndarray:
+                       cache: KernelCache | None = None, out: Any = None) -> Any:
     """DeconvGradFilter (seed 002): the filter gradient of a transposed 2D convolution.
 
     Parameters
     ----------
-    dy : numpy.ndarray
+    dy : array
         ``(B, out_h, out_w, out_c)`` NHWC, the gradient of the transposed convolution's output;
-        float16 or float32.
-    x : numpy.ndarray
+        float16 or float32. NumPy arrays, torch tensors or DLPack arrays, read in place.
+    x : array
         ``(B, in_h, in_w, in_c)`` NHWC, its input; same dtype.
     kernel, stride, pad, dilation : int or 2 ints
         ``(kh, kw)``, ``(sh, sw)``, ``(pad_u, pad_l)``, ``(dh, dw)``.
     group : int
         Divides ``out_c`` and ``in_c``.
 
+    out : array, optional
+        Where to write the result.
+
     Returns
     -------
-    numpy.ndarray
-        ``(group, out_c/group*kh*kw, in_c/group)`` in the inputs' dtype (accumulated in
-        float32), rows ordered (co, kh, kw) with kw fastest.
+    array
+        ``(group, out_c/group*kh*kw, in_c/group)`` of dy's library on its device (or
+        ``out``), in the inputs' dtype (accumulated in float32), rows ordered (co, kh, kw)
+        with kw fastest.
     """
     return prepare_deconv_grad_filter(dy, x, kernel=kernel, stride=stride, pad=pad,
                                       dilation=dilation, group=group, target=target,
-                                      cache=cache)(dy, x)
+                                      cache=cache)(dy, x, out=out)

@@ -1,0 +1,258 @@
+"""Arrays in and out of kernels without copies (``tbe_like.arrays``): NumPy arrays and torch
+tensors reach the kernel by reference, outputs come back in the inputs' library, and the few
+inputs a kernel cannot read in place (non-contiguous, below the kernel's alignment, read-only)
+are copied and still give right results."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import test_cuda_emulated as emulated
+from conftest import NP_DTYPES, RTOL
+from test_kernel import DY_SHAPE, FILTER_SIZE, X_SHAPE, assert_matches, expected_dw, para
+
+from tbe_like import arrays, layout, ops
+from tbe_like.kernel import Kernel
+from tbe_like.testing import reference as ref
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def kernel(filter_kernel):
+    """The weight gradient of test_kernel's small layer, float32 (a float16 one is there)."""
+    return filter_kernel(X_SHAPE, DY_SHAPE, "float32", FILTER_SIZE, para(), "arrays_small")
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 16, 3, 5, 5)).astype(np.float32)
+    dy = rng.standard_normal((1, 16, 2, 5, 5)).astype(np.float32)
+    return layout.to_ndc1hwc0(x), layout.to_ndc1hwc0(dy), expected_dw(x, dy)
+
+
+def spy(kernel, monkeypatch) -> list:
+    """Record the addresses of the arguments the kernel's function receives."""
+    seen, func = [], kernel._func
+
+    def recording(*args):
+        seen.append([arrays.view_of(a).pointer for a in args])
+        return func(*args)
+
+    monkeypatch.setattr(kernel, "_func", recording)
+    return seen
+
+
+def address(a) -> int:
+    return arrays.view_of(a).pointer
+
+
+def misaligned(a: np.ndarray, elements: int = 1) -> np.ndarray:
+    """A copy of ``a`` whose data starts ``elements`` past a 64-byte boundary."""
+    raw = np.empty(a.size + 64, a.dtype)
+    skip = (-raw.ctypes.data % 64) // a.itemsize + elements
+    out = raw[skip:skip + a.size].reshape(a.shape)
+    out[...] = a
+    assert out.ctypes.data % 64 == elements * a.itemsize
+    return out
+
+
+def test_numpy_inputs_are_read_in_place(kernel, data, monkeypatch):
+    x, dy, want = data
+    seen = spy(kernel, monkeypatch)
+    dw = kernel(x, dy)
+    assert isinstance(dw, np.ndarray)
+    assert seen[0][:2] == [x.ctypes.data, dy.ctypes.data]
+    assert seen[0][2] == dw.ctypes.data  # the result is the array the kernel wrote
+    assert_matches(dw, want)
+
+
+def test_torch_tensors_are_read_in_place_and_give_torch(kernel, data, monkeypatch):
+    x, dy, want = data
+    tx, tdy = torch.from_numpy(x).requires_grad_(True), torch.from_numpy(dy)
+    seen = spy(kernel, monkeypatch)
+    dw = kernel(tx, tdy)
+    assert isinstance(dw, torch.Tensor) and dw.dtype == torch.float32
+    assert seen[0] == [tx.data_ptr(), tdy.data_ptr(), dw.data_ptr()]
+    assert_matches(dw.numpy(), want)
+
+
+@pytest.mark.parametrize("elements", [1, 3])
+def test_misaligned_arrays_are_read_in_place_by_cpu_kernels(kernel, data, monkeypatch,
+                                                            elements):
+    """CPU kernels assume one element of alignment (``lowering.align_params``): an array that
+    starts anywhere is read where it lies, with the same result."""
+    x, dy, want = data
+    mx, mdy = misaligned(x, elements), misaligned(dy, elements)
+    assert kernel.alignment == 0
+    seen = spy(kernel, monkeypatch)
+    assert_matches(kernel(mx, mdy), want)
+    assert seen[0][:2] == [mx.ctypes.data, mdy.ctypes.data]
+
+
+def test_kernels_that_assume_more_alignment_get_an_aligned_copy(kernel, data, monkeypatch):
+    """A kernel whose metadata records no ``arg_alignment`` (built before it was recorded)
+    assumed TVM's 64 bytes: a misaligned input is copied, an aligned one is not."""
+    x, dy, want = data
+    meta = {k: v for k, v in kernel.metadata.items() if k != "arg_alignment"}
+    old = Kernel(kernel._func, meta)
+    assert old.alignment == 64
+    seen = spy(old, monkeypatch)
+    aligned, mdy = misaligned(x, 0), misaligned(dy, 1)
+    assert_matches(old(aligned, mdy), want)
+    assert seen[0][0] == aligned.ctypes.data
+    assert seen[0][1] != mdy.ctypes.data and seen[0][1] % 64 == 0
+
+
+@pytest.mark.parametrize("view", ["transposed", "strided", "read-only", "torch-transposed"])
+def test_inputs_that_cannot_be_read_in_place_are_copied(kernel, data, monkeypatch, view):
+    x, dy, want = data
+    if view == "transposed":  # the same values, in memory with W and H swapped
+        vx = np.ascontiguousarray(x.swapaxes(3, 4)).swapaxes(3, 4)
+    elif view == "strided":
+        vx = np.repeat(x, 2, axis=-1)[..., ::2]
+    elif view == "read-only":
+        vx = x.copy()
+        vx.flags.writeable = False
+    else:
+        vx = torch.from_numpy(np.ascontiguousarray(x.swapaxes(3, 4))).transpose(3, 4)
+    seen = spy(kernel, monkeypatch)
+    got = kernel(vx, dy)
+    assert_matches(np.asarray(got), want)
+    assert seen[0][0] != address(vx) and seen[0][1] == dy.ctypes.data
+
+
+def test_out_is_written_in_place(kernel, data, monkeypatch):
+    x, dy, want = data
+    out = np.full(kernel.outputs[0].shape, np.nan, np.float32)
+    seen = spy(kernel, monkeypatch)
+    assert kernel(x, dy, out=out) is out
+    assert seen[0][2] == out.ctypes.data
+    assert_matches(out, want)
+    tout = torch.empty(kernel.outputs[0].shape)
+    assert kernel(torch.from_numpy(x), torch.from_numpy(dy), out=tout) is tout
+    assert_matches(tout.numpy(), want)
+
+
+def test_a_non_contiguous_out_is_filled_through_a_copy(kernel, data):
+    x, dy, want = data
+    shape = kernel.outputs[0].shape
+    holder = np.zeros((*shape[:-1], 2 * shape[-1]), np.float32)
+    out = holder[..., ::2]
+    kernel(x, dy, out=out)
+    assert_matches(out, want)
+    assert not holder[..., 1::2].any()
+
+
+@pytest.mark.parametrize("case, error, match", [
+    ("overlaps-input", ValueError, "out 'dw_res' overlaps an input"),
+    ("wrong-shape", ValueError, r"out 'dw_res' must have shape \(1, 18, 16, 16\)"),
+    ("wrong-dtype", ValueError, "out 'dw_res' must have dtype float32, got float16"),
+    ("two-outs", TypeError, r"out must hold 1 array\(s\), got 2"),
+])
+def test_bad_out_is_refused(kernel, data, case, error, match):
+    x, dy, _ = data
+    shape = kernel.outputs[0].shape
+    shared = np.zeros(x.size + int(np.prod(shape)), np.float32)
+    if case == "overlaps-input":  # x and out share the middle of one buffer
+        x = shared[:x.size].reshape(x.shape)
+    out = {"overlaps-input": lambda: shared[x.size // 2:][:np.prod(shape)].reshape(shape),
+           "wrong-shape": lambda: np.empty((1, 18, 16, 8), np.float32),
+           "wrong-dtype": lambda: np.empty(shape, np.float16),
+           "two-outs": lambda: (np.empty(shape, np.float32),) * 2}[case]()
+    with pytest.raises(error, match=f"^kernel arrays_small: {match}"):
+        kernel(x, dy, out=out)
+
+
+def test_bfloat16_numpy_arrays_are_read_in_place(filter_kernel, monkeypatch):
+    """NumPy exports no bfloat16 through DLPack: the bytes go as uint16, relabelled."""
+    k = filter_kernel(X_SHAPE, DY_SHAPE, "bfloat16", FILTER_SIZE, para(), "arrays_bf16")
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1, 16, 3, 5, 5)).astype(NP_DTYPES["bfloat16"])
+    dy = rng.standard_normal((1, 16, 2, 5, 5)).astype(NP_DTYPES["bfloat16"])
+    x6, dy6 = layout.to_ndc1hwc0(x), layout.to_ndc1hwc0(dy)
+    seen = spy(k, monkeypatch)
+    got = k(x6, dy6)
+    assert seen[0][:2] == [x6.ctypes.data, dy6.ctypes.data]
+    want = expected_dw(x.astype(np.float64), dy.astype(np.float64))
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=0,
+                               atol=RTOL["bfloat16"] * np.abs(want).max())
+    tgot = k(torch.from_numpy(x6.view(np.int16)).view(torch.bfloat16),
+             torch.from_numpy(dy6.view(np.int16)).view(torch.bfloat16))
+    assert tgot.dtype == torch.float32  # the weight gradient's res_dtype
+    assert np.array_equal(tgot.numpy(), got)
+
+
+# ----------------------------------------------------------------------------- the operators
+
+
+def _torch_reference(config, go, x, w):
+    """``aten.convolution_backward`` on the same data (float32 math on the rounded inputs)."""
+    nd = len(config.x) - 2
+    t = [torch.from_numpy(a.astype(np.float32)) for a in (go, x, w)]
+    kw = config.kwargs()
+    return torch.ops.aten.convolution_backward(
+        *t, [w.shape[1] * config.groups if config.transposed else w.shape[0]],
+        list(kw["stride"]), list(kw["padding"]), list(kw["dilation"]), kw["transposed"],
+        list(kw["output_padding"]) if kw["transposed"] else [0] * nd, kw["groups"],
+        list(kw["output_mask"]))
+
+
+def _to_torch(a: np.ndarray):
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_numpy_and_torch_inputs_equal_pytorch(seed, tmp_path_factory):
+    """Random configurations (1D/2D/3D, transposed, groups, masks, dtypes): NumPy in gives
+    NumPy out and torch in gives torch out, the same values, equal to PyTorch's."""
+    from tbe_like.cache import KernelCache
+
+    config = emulated.random_config(100 + seed)
+    go, x, w = emulated._data(config)
+    cache = KernelCache(tmp_path_factory.getbasetemp() / "arrays_cache")
+    kw = config.kwargs()
+    got = ops.convolution_backward(go, x, w, bias_sizes=None, cache=cache, **kw)
+    tgot = ops.convolution_backward(*(_to_torch(a) for a in (go, x, w)), bias_sizes=None,
+                                    cache=cache, **kw)
+    want = _torch_reference(config, go, x, w)
+    for name, g, tg, e in zip(("grad_input", "grad_weight", "grad_bias"), got, tgot, want,
+                              strict=True):
+        if g is None:
+            assert tg is None, name
+            continue
+        assert isinstance(g, np.ndarray) and isinstance(tg, torch.Tensor), name
+        assert str(tg.dtype) == f"torch.{g.dtype.name}", name
+        e = e.double().numpy()
+        atol = RTOL[config.dtype] * max(np.abs(e).max(), 1.0)
+        if name == "grad_bias":  # summed by NumPy and by torch, in their own orders
+            np.testing.assert_allclose(tg.double().numpy(), g.astype(np.float64), atol=atol)
+        else:  # the same kernel on the same memory
+            assert np.array_equal(tg.float().numpy(), g.astype(np.float32)), name
+        np.testing.assert_allclose(g.astype(np.float64), e, rtol=0, atol=atol, err_msg=name)
+
+
+def test_operator_out_is_written_in_place(tmp_path_factory):
+    from tbe_like.cache import KernelCache
+
+    rng = np.random.default_rng(4)
+    go = rng.standard_normal((2, 8, 4, 5)).astype(np.float32)
+    x = rng.standard_normal((2, 4, 6, 7)).astype(np.float32)
+    w = rng.standard_normal((8, 4, 3, 3)).astype(np.float32)
+    kw = dict(bias_sizes=[8], stride=1, padding=0, dilation=1, output_mask=(True, True, True),
+              cache=KernelCache(tmp_path_factory.getbasetemp() / "arrays_cache"))
+    want = ref.convolution_backward(go, x, w, stride=[1, 1], padding=[0, 0], dilation=[1, 1],
+                                    transposed=False, output_padding=[0, 0], groups=1,
+                                    output_mask=(True, True, True))
+    out = (np.empty_like(x), np.empty_like(w), np.empty(8, np.float32))
+    got = ops.convolution_backward(go, x, w, out=out, **kw)
+    assert all(g is o for g, o in zip(got, out, strict=True))
+    for g, e in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, e, rtol=0, atol=1e-4 * np.abs(e).max())
+    with pytest.raises(ValueError, match=r"^convolution_backward: out grad_weight must have "
+                                         r"shape \(8, 4, 3, 3\)"):
+        ops.convolution_backward(go, x, w, out=(None, np.empty((8, 4, 3, 2), np.float32),
+                                                None), **kw)
