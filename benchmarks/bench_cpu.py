@@ -15,8 +15,12 @@ changes from minute to minute. The table is also written as JSON (``--json``).
     python -m pip install -e ".[bench]"
     python benchmarks/bench_cpu.py [--quick] [--only NAME ...] [--json bench_cpu.json]
 
-tbe_like's time is the kernel on the user's NCDHW arrays (packing and unpacking happen inside
-it); host-side array copies are not counted, for either side. Seed 000's asymmetric H/W pads
+tbe_like's time (``tbe ms``, the ratio's) is what a user calls: the prepared operator on NumPy
+NCDHW arrays, results returned as new NumPy arrays; ``torch-in`` the same call on torch tensors
+(torch tensors back); ``kernel`` the kernel alone on arrays handed to it once (packing and
+unpacking happen inside it); ``call/k`` the slower call over the kernel alone, per round. The
+torch side is the same: ``aten.convolution_backward`` on tensors, new tensors back. Seed 000's
+asymmetric H/W pads
 (0, 1) are given to both as a 73x73 input with no padding (the same arithmetic): PyTorch's
 padding is symmetric.
 """
@@ -177,8 +181,8 @@ def run(shapes, repeat: int, budget: float, torch_limit: float, threads: int
     import torch
 
     from tbe_like import ops
+    from tbe_like.arrays import numpy_dtype
     from tbe_like.cache import KernelCache
-    from tbe_like.kernel import _numpy_dtype
     from tbe_like.target import host_target
 
     # A fresh kernel cache, so that "build s" is the real compile time of every kernel.
@@ -188,7 +192,7 @@ def run(shapes, repeat: int, budget: float, torch_limit: float, threads: int
     rows, runners = [], {}
     for s in shapes:
         rng = np.random.default_rng(0)
-        dt = _numpy_dtype(s.dtype)
+        dt = numpy_dtype(s.dtype)
         x = rng.standard_normal((s.n, s.cin, *s.spatial)).astype(dt)
         w = rng.standard_normal((s.cout, s.cin // s.groups, *s.kernel)).astype(dt)
         go = rng.standard_normal((s.n, s.cout, *s.out_spatial())).astype(dt)
@@ -216,21 +220,29 @@ def run(shapes, repeat: int, budget: float, torch_limit: float, threads: int
             t0 = time.perf_counter()
             torch_call()
             once = time.perf_counter() - t0
+            # What the user calls (arrays in, arrays out: NumPy, then torch tensors), and the
+            # kernel alone on arrays handed to it once.
+            call_np = functools.partial(ex, go, x, w)
+            call_torch = functools.partial(ex, *(_as_torch(a) for a in (go, x, w)))
             run_ours = runners[s.name, grad] = kernel.runner(*args)
             gf = s.flops() / 1e9
             if once > torch_limit:  # too slow to repeat: timed once
-                timed = _rounds((run_ours, peak_run), repeat, math.inf, calls=1)
-                ours, theirs = statistics.median(t[0] for t in timed), once
+                timed = _rounds((call_np, call_torch, run_ours, peak_run), repeat, math.inf,
+                                calls=1)
+                theirs = once
                 per_round = [once / t[0] for t in timed]
-                ratio = theirs / ours
+                ratio = theirs / statistics.median(t[0] for t in timed)
             else:
-                timed = _rounds((run_ours, torch_call, peak_run), repeat, budget)
-                ours, theirs = (statistics.median(t[i] for t in timed) for i in (0, 1))
-                per_round = [t[1] / t[0] for t in timed]
+                timed = _rounds((call_np, call_torch, run_ours, torch_call, peak_run), repeat,
+                                budget)
+                theirs = statistics.median(t[3] for t in timed)
+                per_round = [t[3] / t[0] for t in timed]
                 ratio = statistics.median(per_round)
+            ours, ours_torch, alone = (statistics.median(t[i] for t in timed) for i in (0, 1, 2))
+            overhead = statistics.median(max(t[0], t[1]) / t[2] for t in timed)
             low, _, high = statistics.quantiles(per_round, n=4, method="inclusive")
             # The kernel's GFLOP/s over the FMA peak's in the same round.
-            of_peak = statistics.median(gf * t[-1] / (peak_gflop * t[0]) for t in timed)
+            of_peak = statistics.median(gf * t[-1] / (peak_gflop * t[2]) for t in timed)
             peak = statistics.median(peak_gflop / t[-1] for t in timed)
             tuned = bool(kernel.metadata["para_dict"].get("tuned"))
             selection = kernel.metadata["para_dict"].get("selection")
@@ -238,6 +250,9 @@ def run(shapes, repeat: int, budget: float, torch_limit: float, threads: int
                          "fitted": s.fitted, "selection": selection,
                          "gflop": round(gf, 2), "compile_s": round(compile_s, 2),
                          "tbe_like_ms": round(ours * 1e3, 2), "torch_ms": round(theirs * 1e3, 2),
+                         "tbe_like_torch_in_ms": round(ours_torch * 1e3, 2),
+                         "kernel_ms": round(alone * 1e3, 2),
+                         "call_over_kernel": round(overhead, 3),
                          "tbe_like_gflops": round(gf / ours, 1),
                          "torch_gflops": round(gf / theirs, 1),
                          "ratio": round(ratio, 2), "rounds": len(timed),
@@ -247,12 +262,23 @@ def run(shapes, repeat: int, budget: float, torch_limit: float, threads: int
                          "target": str(host_target())})
             r = rows[-1]
             print(f"{s.name:18} {grad:6} {s.dtype:8} {r['tbe_like_ms']:10.2f} "
+                  f"{r['tbe_like_torch_in_ms']:10.2f} {r['kernel_ms']:10.2f} "
+                  f"{r['call_over_kernel']:6.3f} "
                   f"{r['tbe_like_gflops']:8.1f} {r['torch_ms']:10.2f} {r['torch_gflops']:8.1f} "
                   f"{r['ratio']:6.2f} {f'{low:.2f}-{high:.2f}':>11} {len(timed):6} "
                   f"{100 * of_peak:5.0f}% {r['compile_s']:7.2f} "
                   f"{_schedule_of(r):>9}",
                   flush=True)
     return rows, runners
+
+
+def _as_torch(a: np.ndarray):
+    """The torch tensor on ``a``'s memory (bfloat16 through its bytes)."""
+    import torch
+
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
 
 
 def _schedule_of(row: dict) -> str:
@@ -294,8 +320,8 @@ def width_rows(shapes, repeat: int, budget: float) -> list[dict]:
     from tbe_like.schedules import Heuristic
 
     from tbe_like._tvm import IRModule, s_tir, tvm
+    from tbe_like.arrays import numpy_dtype
     from tbe_like.bounds import compile_checked
-    from tbe_like.kernel import _numpy_dtype
     from tbe_like.ops import kernels
     from tbe_like.ops.convolution_backward import graph_of
     from tbe_like.target import host_target
@@ -314,7 +340,7 @@ def width_rows(shapes, repeat: int, budget: float) -> list[dict]:
             rng = np.random.default_rng(0)
             dev = tvm.cpu()
             args = [tvm.runtime.tensor(rng.standard_normal([int(v) for v in t.shape]).astype(
-                _numpy_dtype(s.dtype)), dev) for t in graph.inputs]
+                numpy_dtype(s.dtype)), dev) for t in graph.inputs]
             res = tvm.runtime.empty([int(v) for v in graph.output.shape],
                                     str(graph.output.dtype), dev)
             calls = []
@@ -398,7 +424,8 @@ def main(argv=None) -> int:
           f"| {' '.join(host['features'])} | {platform.machine()}")
     print(f"threads: tbe_like TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS')}, torch "
           f"{torch.get_num_threads()} | torch {torch.__version__}")
-    print(f"{'shape':18} {'grad':6} {'dtype':8} {'tbe ms':>10} {'tbe GF/s':>8} {'torch ms':>10} "
+    print(f"{'shape':18} {'grad':6} {'dtype':8} {'tbe ms':>10} {'torch-in':>10} {'kernel':>10} "
+          f"{'call/k':>6} {'tbe GF/s':>8} {'torch ms':>10} "
           f"{'torch GF/s':>8} {'ratio':>6} {'quartiles':>11} {'rounds':>6} {'%peak':>6} "
           f"{'build s':>7} {'schedule':>9}")
     rows, runners = run(shapes, args.repeat, args.budget, args.torch_limit, threads)

@@ -26,7 +26,10 @@ into. Dtypes are never converted on the host: a kernel takes the dtypes it was b
 
 from __future__ import annotations
 
+import functools
 import math
+import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +43,7 @@ _DL_CPU, _DL_CUDA = 1, 2
 DEVICE_TYPES = {"llvm": (_DL_CPU,), "cuda": (_DL_CUDA,)}
 # The alignment of the copies this module makes: the most any kernel assumes (TVM's default).
 COPY_ALIGNMENT = 64
+NUMPY_ALIGNMENT = 16  # what NumPy's allocator guarantees (glibc malloc)
 _DEVICE_NAMES = {_DL_CPU: "cpu", _DL_CUDA: "cuda", 3: "cuda_host"}
 
 
@@ -52,6 +56,7 @@ def _is_torch(array: Any) -> bool:
     return type(array).__module__.startswith("torch") and hasattr(array, "data_ptr")
 
 
+@functools.cache
 def numpy_dtype(dtype: str) -> np.dtype:
     """The NumPy dtype of a kernel dtype name (bfloat16 is ``ml_dtypes.bfloat16``)."""
     if dtype == "bfloat16":
@@ -67,11 +72,10 @@ def _torch_dtype(dtype: str):
     return getattr(torch, dtype)
 
 
-def dtype_name(array: Any) -> str:
-    """The dtype of a NumPy array, torch tensor, DLPack producer or ``.dtype`` holder by name
-    (``"float32"``, ``"bfloat16"``...)."""
-    dtype = array.dtype
-    if _is_torch(array) or type(dtype).__module__.startswith("torch"):
+@functools.cache
+def _name_of(dtype: Any) -> str:
+    # NumPy's dtype.name takes microseconds: the call path asks for it once per array.
+    if type(dtype).__module__.startswith("torch"):
         return str(dtype).removeprefix("torch.")
     try:
         return np.dtype(dtype).name
@@ -79,47 +83,53 @@ def dtype_name(array: Any) -> str:
         return str(dtype)
 
 
+def dtype_name(array: Any) -> str:
+    """The dtype of a NumPy array, torch tensor, DLPack producer or ``.dtype`` holder by name
+    (``"float32"``, ``"bfloat16"``...)."""
+    try:
+        return _name_of(array.dtype)
+    except TypeError:  # an unhashable dtype object
+        return _name_of.__wrapped__(array.dtype)
+
+
 @dataclass(frozen=True)
 class View:
-    """What a kernel argument is: its shape, dtype, device and where its data lies
-    (``span``: the bytes ``[low, high)`` its elements occupy)."""
+    """What a kernel argument is: its shape, dtype, device and where its data lies."""
 
     shape: tuple[int, ...]
     dtype: str
     device: int  # DLPack device type
     contiguous: bool
     pointer: int
-    span: tuple[int, int]
+    strides: tuple[int, ...]  # in elements
     exportable: bool = True  # NumPy refuses to export read-only arrays
 
-
-def _span(pointer: int, shape, strides, itemsize: int) -> tuple[int, int]:
-    """The bytes an array with element ``strides`` occupies from ``pointer``."""
-    if math.prod(shape) == 0:
-        return pointer, pointer
-    low = sum(min(0, (n - 1) * s) for n, s in zip(shape, strides, strict=True))
-    high = sum(max(0, (n - 1) * s) for n, s in zip(shape, strides, strict=True))
-    return pointer + low * itemsize, pointer + (high + 1) * itemsize
+    def span(self) -> tuple[int, int]:
+        """The bytes ``[low, high)`` the elements occupy."""
+        if math.prod(self.shape) == 0:
+            return self.pointer, self.pointer
+        pairs = list(zip(self.shape, self.strides, strict=True))
+        low = sum(min(0, (n - 1) * s) for n, s in pairs)
+        high = sum(max(0, (n - 1) * s) for n, s in pairs)
+        itemsize = numpy_dtype(self.dtype).itemsize
+        return self.pointer + low * itemsize, self.pointer + (high + 1) * itemsize
 
 
 def view_of(array: Any) -> View:
     """Describe ``array`` without copying it; ``TypeError`` if it is no array."""
     if isinstance(array, np.ndarray):
-        pointer = array.__array_interface__["data"][0]
-        strides = [s // array.itemsize for s in array.strides]
-        return View(array.shape, array.dtype.name, _DL_CPU, array.flags.c_contiguous, pointer,
-                    _span(pointer, array.shape, strides, array.itemsize), array.flags.writeable)
+        flags = array.flags
+        return View(array.shape, _name_of(array.dtype), _DL_CPU, flags.c_contiguous,
+                    array.__array_interface__["data"][0],
+                    tuple(s // array.itemsize for s in array.strides), flags.writeable)
     if _is_torch(array):
-        pointer = array.data_ptr()
-        return View(tuple(array.shape), dtype_name(array),
-                    _DL_CUDA if array.device.type == "cuda" else _DL_CPU,
-                    array.is_contiguous(), pointer,
-                    _span(pointer, array.shape, array.stride(), array.element_size()))
+        return View(tuple(array.shape), _name_of(array.dtype),
+                    _DL_CUDA if array.is_cuda else _DL_CPU, array.is_contiguous(),
+                    array.data_ptr(), tuple(array.stride()))
     if hasattr(array, "__dlpack__"):
         t = _tensor(array)
-        shape, pointer = tuple(t.shape), t.data_ptr()
-        return View(shape, str(t.dtype), t.device.dlpack_device_type(), t.is_contiguous(),
-                    pointer, _span(pointer, shape, t.strides, numpy_dtype(str(t.dtype)).itemsize))
+        return View(tuple(t.shape), str(t.dtype), t.device.dlpack_device_type(),
+                    t.is_contiguous(), t.data_ptr(), tuple(t.strides))
     raise TypeError(type(array).__name__)
 
 
@@ -127,9 +137,7 @@ def _contiguous(array: Any) -> Any:
     """A C-contiguous copy in the array's own library (the one copy this module makes)."""
     if isinstance(array, np.ndarray):
         # NumPy's allocator aligns to 16 bytes; the copy must meet any kernel's 64.
-        raw = np.empty(array.nbytes + COPY_ALIGNMENT, np.uint8)
-        start = -raw.ctypes.data % COPY_ALIGNMENT
-        copy = raw[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+        copy = _aligned_empty(array.shape, array.dtype, COPY_ALIGNMENT)
         copy[...] = array
         return copy
     if _is_torch(array):  # torch aligns its allocations to 64 bytes (512 on a GPU)
@@ -148,25 +156,103 @@ def kernel_arg(array: Any, view: View, alignment: int) -> tuple[Any, bool]:
     need = max(alignment, numpy_dtype(view.dtype).itemsize)
     if not (view.contiguous and view.exportable and view.pointer % need == 0):
         array, copied = _contiguous(array), True
-    if isinstance(array, np.ndarray) and array.dtype.name == "bfloat16":
+    return exported(array), copied
+
+
+def exported(array: Any) -> Any:
+    """``array`` as TVM's FFI takes it by reference."""
+    if isinstance(array, np.ndarray) and array.dtype == numpy_dtype("bfloat16"):
         # NumPy exports no bfloat16 through DLPack: the same bytes as uint16, relabelled.
-        return from_dlpack(array.view(np.uint16))._create_view(array.shape,
-                                                                        "bfloat16"), copied
+        return from_dlpack(array.view(np.uint16))._create_view(array.shape, "bfloat16")
     if _is_torch(array) and array.requires_grad:
-        array = array.detach()
-    return array, copied
+        return array.detach()
+    return array
 
 
-def empty_like_library(like: Any, shape: Sequence[int], dtype: str) -> Any:
-    """An uninitialized array of ``like``'s library on ``like``'s device."""
+def _aligned_empty(shape: Sequence[int], dtype: np.dtype, alignment: int) -> np.ndarray:
+    raw = np.empty(math.prod(shape) * dtype.itemsize + alignment, np.uint8)
+    start = -raw.ctypes.data % alignment
+    return raw[start:start + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
+
+
+def _host_kind(like: Any) -> str | None:
+    """Whose arrays a result on the host is handed out as: ``"numpy"``, ``"torch"``, or None
+    when it is not host memory NumPy allocates (a GPU)."""
+    if isinstance(like, np.ndarray):
+        return "numpy"
+    if _is_torch(like):
+        return None if like.is_cuda else "torch"
+    return "numpy" if view_of(like).device == _DL_CPU else None
+
+
+def _host_empty(kind: str, shape: Sequence[int], dtype: str, alignment: int) -> np.ndarray:
+    """The NumPy memory of a host result (torch's bfloat16 as int16, viewed back by torch)."""
+    np_dtype = numpy_dtype("int16" if kind == "torch" and dtype == "bfloat16" else dtype)
+    if alignment > NUMPY_ALIGNMENT:
+        return _aligned_empty(shape, np_dtype, alignment)
+    return np.empty(shape, np_dtype)
+
+
+def _handed_out(kind: str, host: np.ndarray, dtype: str) -> Any:
+    if kind == "numpy":
+        return host
+    # On the CPU, NumPy's memory behind a torch tensor: NumPy asks for huge pages (madvise),
+    # torch's allocator does not, and touching a 43 MB result 4 KB page by page made seed
+    # 000's input gradient 1.9x its kernel's time.
+    import torch
+
+    tensor = torch.from_numpy(host)
+    return tensor.view(torch.bfloat16) if dtype == "bfloat16" else tensor
+
+
+def empty_like_library(like: Any, shape: Sequence[int], dtype: str, alignment: int) -> Any:
+    """An uninitialized, contiguous array of ``like``'s library on ``like``'s device, with its
+    address a multiple of ``alignment`` bytes (torch aligns to 512 on a GPU; NumPy to 16, more
+    when asked)."""
+    kind = _host_kind(like)
+    if kind is not None:
+        return _handed_out(kind, _host_empty(kind, shape, dtype, alignment), dtype)
     if _is_torch(like):
         import torch
 
-        return torch.empty(tuple(shape), dtype=_torch_dtype(dtype), device=like.device)
-    if isinstance(like, np.ndarray) or view_of(like).device == _DL_CPU:
-        return np.empty(tuple(shape), numpy_dtype(dtype))
-    t = _tensor(like)
-    return tvm_runtime.empty(tuple(shape), dtype, t.device)
+        return torch.empty(shape, dtype=_torch_dtype(dtype), device=like.device)
+    return tvm_runtime.empty(shape, dtype, _tensor(like).device)
+
+
+class Spares:
+    """A kernel's last host results, handed out again once nothing holds them.
+
+    A fresh result of tens of MB costs the kernel's time over again in page faults (the OS
+    zeroes every page the kernel first touches); a training loop drops each gradient before the
+    next call. So a kernel keeps the memory of its last result per output, and the next call
+    reuses it when CPython's reference count says no array, view or tensor refers to it any
+    more (each holds a reference to the NumPy array that owns the memory). Only memory NumPy
+    owns is kept: GPU results come from torch's caching allocator already.
+    """
+
+    # References to a kept array while nothing else holds it: the slot, getrefcount's argument.
+    _UNHELD = 2
+
+    def __init__(self, count: int):
+        self._kept: list[tuple[str, np.ndarray] | None] = [None] * count
+        self._lock = threading.Lock()
+
+    def empty(self, index: int, like: Any, shape: Sequence[int], dtype: str,
+              alignment: int) -> Any:
+        """``empty_like_library(like, shape, dtype, alignment)``, from the kept memory when
+        it is free."""
+        kind = _host_kind(like)
+        if kind is None:
+            return empty_like_library(like, shape, dtype, alignment)
+        with self._lock:
+            kept = self._kept[index]
+            free = (kept is not None and kept[0] == kind
+                    and sys.getrefcount(kept[1]) == self._UNHELD)
+            host = kept[1] if free else _host_empty(kind, shape, dtype, alignment)
+            if host.base is None:  # it owns its memory: its count is the memory's
+                self._kept[index] = (kind, host)
+            del kept
+        return _handed_out(kind, host, dtype)
 
 
 def copy_into(out: Any, value: Any) -> None:
@@ -181,7 +267,10 @@ def copy_into(out: Any, value: Any) -> None:
 
 def overlaps(a: View, b: View) -> bool:
     """Whether two arrays on one device may share bytes."""
-    return a.device == b.device and a.span[0] < b.span[1] and b.span[0] < a.span[1]
+    if a.device != b.device:
+        return False
+    (a_low, a_high), (b_low, b_high) = a.span(), b.span()
+    return a_low < b_high and b_low < a_high
 
 
 def device_name(device: int) -> str:

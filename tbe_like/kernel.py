@@ -97,6 +97,7 @@ class Kernel:
         # Bytes the code assumes of its arguments' addresses (0: one element); kernels written
         # before this was recorded assumed TVM's 64.
         self.alignment: int = int(metadata.get("arg_alignment", DEFAULT_PARAM_ALIGNMENT))
+        self._spares = arrays.Spares(len(self.outputs))
 
     def __repr__(self) -> str:
         args = ", ".join(f"{t.name}{list(t.shape)}:{t.dtype}" for t in self.inputs)
@@ -148,8 +149,9 @@ class Kernel:
         """``(arrays returned, arguments written)``: new arrays of ``like``'s library, or the
         ``out=`` arrays (through a fresh array where one cannot be written in place)."""
         if out is None:
-            made = [arrays.empty_like_library(like, t.shape, t.dtype) for t in self.outputs]
-            return made, [arrays.kernel_arg(a, arrays.view_of(a), 1)[0] for a in made]
+            made = [self._spares.empty(i, like, t.shape, t.dtype, self.alignment)
+                    for i, t in enumerate(self.outputs)]
+            return made, [arrays.exported(a) for a in made]
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         if len(outs) != len(self.outputs):
             raise TypeError(f"kernel {self.name}: out must hold {len(self.outputs)} array(s), "

@@ -254,10 +254,20 @@ def _race(runners: list[Callable[[], float]], rounds: int = 5) -> list[float]:
     return best
 
 
+_GENERATION = [0]  # records written by this process (tbe_like.ops.memo)
+
+
+def records_generation() -> int:
+    """How many times this process wrote tuning records: prepared executors made before the
+    last write may use older schedules."""
+    return _GENERATION[0]
+
+
 def keep_record(records: str | os.PathLike, record, mod: IRModule, run_secs=None,
                 target: Target | None = None) -> None:
     """Copy a tuning ``record`` of workload ``mod`` into the database in ``records`` (created),
     with other measured ``run_secs`` or ``target`` when given."""
+    _GENERATION[0] += 1
     ms = _ms()
     Path(records).mkdir(parents=True, exist_ok=True)
     db = ms.database.JSONDatabase(work_dir=str(records))

@@ -123,6 +123,27 @@ def test_inputs_that_cannot_be_read_in_place_are_copied(kernel, data, monkeypatc
     assert seen[0][0] != address(vx) and seen[0][1] == dy.ctypes.data
 
 
+def test_a_dropped_result_is_reused_and_a_held_one_never(kernel, data):
+    """``arrays.Spares``: the next call writes into the last result's memory once nothing
+    refers to it (no array, view or tensor), never while something does."""
+    x, dy, want = data
+    first = kernel(x, dy)
+    second = kernel(x, dy)  # ``first`` is held: new memory
+    assert second.ctypes.data != first.ctypes.data
+    freed = second.ctypes.data
+    del second
+    third = kernel(x, dy)
+    assert third.ctypes.data == freed
+    view = third.reshape(-1)
+    del third
+    fourth = kernel(torch.from_numpy(x), torch.from_numpy(dy)).numpy()  # torch: other memory
+    fifth = kernel(x, dy)  # the kept memory is the torch result's, which ``fourth`` holds
+    assert len({first.ctypes.data, view.ctypes.data, fourth.ctypes.data,
+                fifth.ctypes.data}) == 4
+    for result in (first, view.reshape(want.shape), fourth, fifth):
+        assert_matches(result, want)
+
+
 def test_out_is_written_in_place(kernel, data, monkeypatch):
     x, dy, want = data
     out = np.full(kernel.outputs[0].shape, np.nan, np.float32)
@@ -256,3 +277,69 @@ def test_operator_out_is_written_in_place(tmp_path_factory):
                                          r"shape \(8, 4, 3, 3\)"):
         ops.convolution_backward(go, x, w, out=(None, np.empty((8, 4, 3, 2), np.float32),
                                                 None), **kw)
+
+
+# ----------------------------------------------------------------------------- CUDA
+
+
+class _FakeDtype:
+    """Stands for ``torch.float16`` (``tbe_like.arrays`` reads torch dtypes by their name)."""
+
+    __module__ = "torch.fake"
+
+    def __str__(self):
+        return "torch.float16"
+
+
+class _FakeCudaTensor:
+    """Stands for a contiguous torch CUDA tensor: what ``tbe_like.arrays`` reads of one."""
+
+    __module__ = "torch.fake"
+    is_cuda, requires_grad, device = True, False, "cuda:0"
+
+    def __init__(self, shape, pointer):
+        self.shape, self.dtype, self._pointer = tuple(shape), _FakeDtype(), pointer
+
+    def data_ptr(self):
+        return self._pointer
+
+    def is_contiguous(self):
+        return True
+
+    def stride(self):
+        return tuple(int(np.prod(self.shape[i + 1:])) for i in range(len(self.shape)))
+
+
+def test_the_cuda_call_path_allocates_no_host_buffer(kernel, monkeypatch):
+    """Without a GPU: a CUDA kernel called on (stand-ins for) torch CUDA tensors passes them by
+    reference and gets its output from torch on the same device; nothing is allocated or copied
+    on the host (NumPy arrays, TVM host tensors)."""
+    from tbe_like import device_code
+    from tbe_like import kernel as kernel_module
+
+    meta = {**kernel.metadata, "target_kind": "cuda", "arg_alignment": 64}
+    specs = (meta["inputs"], meta["outputs"])
+    for spec in (*specs[0], *specs[1]):
+        spec["dtype"] = "float16"
+    calls, made = [], []
+    cuda = Kernel(lambda *args: calls.append(args), meta)
+    monkeypatch.setattr(device_code, "cuda_present", lambda: True)
+
+    def on_gpu(shape, dtype=None, device=None):
+        assert str(dtype) == "torch.float16" and device == "cuda:0"
+        made.append(_FakeCudaTensor(shape, 1 << 20))
+        return made[-1]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a host buffer was allocated on the CUDA call path")
+
+    monkeypatch.setattr(torch, "empty", on_gpu)
+    for name in ("empty", "array", "ascontiguousarray", "copyto"):
+        monkeypatch.setattr(np, name, refuse)
+    monkeypatch.setattr(kernel_module.tvm_runtime, "tensor", refuse)
+    monkeypatch.setattr(kernel_module.tvm_runtime, "empty", refuse)
+    inputs = [_FakeCudaTensor(spec["shape"], 4096 * (i + 1)) for i, spec in
+              enumerate(specs[0])]
+    result = cuda(*inputs)
+    assert result is made[0] and len(made) == 1
+    assert calls == [(*inputs, made[0])]

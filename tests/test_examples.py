@@ -37,3 +37,13 @@ def test_operator_example_runs_and_caches(tmp_path, script):
     assert done.stdout.strip().endswith("OK")
     assert "max abs error" in done.stdout and "kernel time" in done.stdout
     assert sorted(cache.glob("*.so")) and not (tmp_path / "kernel_meta").exists()
+
+
+def test_training_example_matches_pytorch(tmp_path):
+    """examples/train_torch.py: tbe_like.torch.Conv3d trains as torch.nn.Conv3d does."""
+    pytest.importorskip("torch")
+    env = dict(os.environ, TBE_LIKE_CACHE_DIR=str(tmp_path / "cache"))
+    done = subprocess.run([sys.executable, str(EXAMPLES / "train_torch.py")], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "the same training" in done.stdout

@@ -13,6 +13,7 @@ from conftest import NP_DTYPES, RTOL, round_hf32
 from tbe_like import ops
 from tbe_like.bounds import compile_checked
 from tbe_like.cache import KernelCache
+from tbe_like.ops import memo
 from tbe_like.testing import reference as ref
 
 
@@ -269,12 +270,35 @@ def test_second_call_does_not_compile(tmp_path):
     go2, x2, w2 = _data(case, seed=1)
     second = ops.convolution_backward(go2, x2, w2, bias_sizes=None, cache=cache,
                                       **case.kwargs())
-    assert cache.stats["builds"] == 2 and cache.stats["memory_hits"] == 2
+    # The executor prepared by the first call runs again: no compile, no cache lookup.
+    assert cache.stats["builds"] == 2 and cache.stats["memory_hits"] == 0
     assert not np.allclose(first[0], second[0])  # it did run, on the new data
+    memo.clear()  # prepared again: the cache hands out the kernels it holds
+    ops.convolution_backward(go2, x2, w2, bias_sizes=None, cache=cache, **case.kwargs())
+    assert cache.stats["builds"] == 2 and cache.stats["memory_hits"] == 2
     # A new process (a fresh cache object on the same folder) loads from disk.
     fresh = KernelCache(tmp_path)
     ops.convolution_backward(go, x, w, bias_sizes=None, cache=fresh, **case.kwargs())
     assert fresh.stats["builds"] == 0 and fresh.stats["disk_hits"] == 2
+
+
+def test_prepared_executors_follow_the_records(tmp_path, monkeypatch):
+    """A record written by this process, or another records folder, prepares again."""
+    from tbe_like import tune
+
+    cache = KernelCache(tmp_path)
+    case = CASES["2d-groups"]
+    go, x, w = _data(case)
+
+    def call():
+        ops.convolution_backward(go, x, w, bias_sizes=None, cache=cache, **case.kwargs())
+        return cache.stats["memory_hits"]
+
+    assert call() == 0 and call() == 0  # prepared once
+    tune._GENERATION[0] += 1  # as keep_record does
+    assert call() == 2
+    monkeypatch.setenv("TBE_LIKE_RECORDS", str(tmp_path / "records"))
+    assert call() == 4
 
 
 def test_executor_runs_many_times_without_compiling(tmp_path):

@@ -32,7 +32,7 @@ from .._tvm import Target
 from ..cache import KernelCache, default_cache
 from ..kernel import Kernel
 from ..tune import records_fingerprint
-from . import kernels
+from . import kernels, memo
 from .arrays import check_array, dtype_name, target_of
 from .params import OP, ConvolutionBackwardParams, convolution_backward_params
 
@@ -244,8 +244,12 @@ def convolution_backward(grad_output: Any, input: Any, weight: Any, *,
         Arrays shaped like input, weight and ``(Cout,)``, of grad_output's library on its
         device (NumPy in, NumPy out; torch in, torch out); ``None`` where masked off.
     """
-    executor = prepare_convolution_backward(
+    arrays_ = (grad_output, input, weight)
+    key = (*(memo.signature(a) for a in arrays_), repr((
+        bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
+        output_mask, cube_math_type, target)), cache)
+    executor = memo.prepared(key, lambda: prepare_convolution_backward(
         grad_output, input, weight, bias_sizes=bias_sizes, stride=stride, padding=padding,
         dilation=dilation, transposed=transposed, output_padding=output_padding, groups=groups,
-        output_mask=output_mask, cube_math_type=cube_math_type, target=target, cache=cache)
+        output_mask=output_mask, cube_math_type=cube_math_type, target=target, cache=cache))
     return executor(grad_output, input, weight, out=out)

@@ -16,7 +16,7 @@ from .. import arrays
 from ..cache import KernelCache, default_cache
 from ..kernel import Kernel
 from ..tune import records_fingerprint
-from . import kernels
+from . import kernels, memo
 from .arrays import check_array, dtype_name, target_of
 from .params import DECONV_OP, DeconvGradFilterParams, deconv_grad_filter_params
 
@@ -115,6 +115,9 @@ def deconv_grad_filter(dy: Any, x: Any, *, kernel: Any, stride: Any, pad: Any,
         ``out``), in the inputs' dtype (accumulated in float32), rows ordered (co, kh, kw)
         with kw fastest.
     """
-    return prepare_deconv_grad_filter(dy, x, kernel=kernel, stride=stride, pad=pad,
-                                      dilation=dilation, group=group, target=target,
-                                      cache=cache)(dy, x, out=out)
+    key = (memo.signature(dy), memo.signature(x),
+           repr((kernel, stride, pad, dilation, group, target)), cache)
+    executor = memo.prepared(key, lambda: prepare_deconv_grad_filter(
+        dy, x, kernel=kernel, stride=stride, pad=pad, dilation=dilation, group=group,
+        target=target, cache=cache))
+    return executor(dy, x, out=out)
