@@ -45,6 +45,10 @@ class OutOfBoundsError(RuntimeError):
     """A schedule whose accesses could not be proven to stay inside their buffers."""
 
 
+class KernelTooDeepError(ValueError):
+    """A kernel whose expressions are nested deeper than a part of the build can walk."""
+
+
 def _is_true(expr) -> bool:
     return isinstance(expr, tirx.IntImm) and int(expr.value) == 1
 
@@ -162,26 +166,31 @@ class _Checker:
 
     # --------------------------------------------------------------- expressions
     def expr(self, node, block: str) -> None:
-        if isinstance(node, TensorLoad):
-            self.access(node.source, node.indices, block, "reads")
-            for index in node.indices:
-                self.expr(index, block)
-        elif isinstance(node, Call) and _op_name(node) == "prim.if_then_else":
-            self._branches(node.args[0], node.args[1], node.args[2], block)
-        elif isinstance(node, tirx.Select):
-            self._branches(node.condition, node.true_value, node.false_value, block)
-        else:
-            for child in _children(node):
-                self.expr(child, block)
+        """Check every access of ``node``, each branch of a select under its condition.
 
-    def _branches(self, cond, then, other, block) -> None:
-        self.expr(cond, block)
-        with self.given(cond) as live:
-            if live:
-                self.expr(then, block)
-        with self.given(tirx.Not(cond)) as live:
-            if live:
-                self.expr(other, block)
+        The walk keeps its own stack instead of recursing: a result that interleaves hundreds
+        of reductions is a chain of selects deeper than Python's recursion limit."""
+        todo: list[tuple[str, object]] = [("expr", node)]
+        while todo:
+            kind, item = todo.pop()
+            if kind == "leave":  # a branch is done: its condition stops holding
+                item.close()
+            elif kind == "branch":
+                cond, sub = item
+                scope = contextlib.ExitStack()
+                if scope.enter_context(self.given(cond)):
+                    todo += [("leave", scope), ("expr", sub)]
+                else:
+                    scope.close()
+            elif isinstance(item, TensorLoad):
+                self.access(item.source, item.indices, block, "reads")
+                todo += [("expr", index) for index in reversed(item.indices)]
+            elif _branches(item) is not None:
+                cond, then, other = _branches(item)
+                todo += [("branch", (tirx.Not(cond), other)), ("branch", (cond, then)),
+                         ("expr", cond)]
+            else:
+                todo += [("expr", child) for child in reversed(_children(item))]
 
     def _empty(self, var) -> bool:
         """Whether the constraints in force leave the integer ``var`` no value."""
@@ -305,6 +314,15 @@ def _conjuncts(cond) -> list:
     return found
 
 
+def _branches(node) -> tuple | None:
+    """``(condition, then, else)`` of a select (``if_then_else`` or ``Select``), else None."""
+    if isinstance(node, Call) and _op_name(node) == "prim.if_then_else":
+        return tuple(node.args)
+    if isinstance(node, tirx.Select):
+        return node.condition, node.true_value, node.false_value
+    return None
+
+
 def _op_name(call) -> str:
     op = call.op
     return str(op.name) if hasattr(op, "name") else ""
@@ -411,14 +429,18 @@ def compile_checked(mod, target, what: str = "kernel"):
     from .lowering import align_params, prepare
     from .target import build_config
 
-    prepared = align_params(prepare(mod), target)
-    # The two modules make the same accesses (``prepare`` only simplifies); either form may be
-    # the one the analyzer follows (a guard folded, an index simplified, or a predicate left as
-    # written), so either proof will do.
     try:
-        assert_in_bounds(prepared, what)
-    except OutOfBoundsError:
-        assert_in_bounds(mod, what)
-    assert_single_writes(prepared, what)
-    with tvm.transform.PassContext(config=build_config(target)):
-        return tvm.compile(prepared, target=target)
+        prepared = align_params(prepare(mod), target)
+        # The two modules make the same accesses (``prepare`` only simplifies); either form
+        # may be the one the analyzer follows (a guard folded, an index simplified, or a
+        # predicate left as written), so either proof will do.
+        try:
+            assert_in_bounds(prepared, what)
+        except OutOfBoundsError:
+            assert_in_bounds(mod, what)
+        assert_single_writes(prepared, what)
+        with tvm.transform.PassContext(config=build_config(target)):
+            return tvm.compile(prepared, target=target)
+    except RecursionError:
+        raise KernelTooDeepError(f"{what}: its expressions are nested too deeply to build "
+                                 "(Python's recursion limit); please report the layer") from None

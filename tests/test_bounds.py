@@ -95,3 +95,28 @@ def test_index_arithmetic_the_analyzer_cannot_follow_is_checked_point_by_point()
     assert check_bounds(_tap_rows(432)) == []  # 431 // 144 * 9 + 2 + 6 = 26
     (problem,) = check_bounds(_tap_rows(448))  # v = 432: row 27
     assert problem.startswith("block 'B' reads A[...] with axis 0 index")
+
+
+def _select_chain(depth: int, overrun: bool):
+    """``B[i]`` = a chain of ``depth`` nested selects, each reading ``A`` under its own guard
+    (an input gradient interleaving ``depth`` stride phases had this shape); with ``overrun``,
+    the innermost read goes past ``A``'s end."""
+    a = te.placeholder((depth,), name="A")
+
+    def body(i):
+        value = a[i + 1] if overrun else a[i]  # where no guard holds: i = depth - 1
+        for j in range(depth - 1):
+            value = tirx.if_then_else(i == j, a[i], value)
+        return value
+
+    return _schedule(a, te.compute((depth,), body, name="B")).mod["main"]
+
+
+def test_a_select_chain_deeper_than_the_recursion_limit():
+    """The prover walks expressions with its own stack: no RecursionError, the same answers."""
+    import sys
+
+    depth = sys.getrecursionlimit() + 200
+    assert check_bounds(_select_chain(depth, overrun=False)) == []
+    (problem,) = check_bounds(_select_chain(depth, overrun=True))
+    assert problem.startswith("block 'B' reads A[...] with axis 0 index v_i + 1")

@@ -189,14 +189,21 @@ class AxisPhase:
     tap_step: int
     q_step: int = 1
     q0: int = 0  # the first row: a block computes rows q0 .. q0 + rows - 1 of the phase
+    # Folded phases (``axis_groups``): ``lanes`` phases ``r + j*lane_r_step`` (j < lanes) of
+    # one tap each, flipped index ``flip0 + j*lane_flip_step``, all reading the same dy row;
+    # the reduction stage computes them side by side along its channel-block axis.
+    lanes: int = 1
+    lane_r_step: int = 0
+    lane_flip_step: int = 0
 
     def dy_row(self, q, tap, lead: int):
         """The row of the padded dy (leading pad ``lead``) that tap ``tap`` of row ``q`` reads."""
         return (q + self.q0) * self.q_step + (self.dy0 + lead) + tap * self.dy_step
 
-    def flip(self, tap):
-        """The flipped kernel index of tap ``tap``."""
-        return self.flip0 + tap * self.tap_step
+    def flip(self, tap, lane=0):
+        """The flipped kernel index of tap ``tap`` (of folded phase ``lane``)."""
+        index = self.flip0 + tap * self.tap_step
+        return index if self.lanes == 1 else index + lane * self.lane_flip_step
 
     def segments(self, size: int) -> list[AxisPhase]:
         """The rows split into runs that read the same taps inside dy's ``size`` rows, each
@@ -244,6 +251,43 @@ def axis_phases(size: int, kernel: int, stride: int, dilation: int, pad: int) ->
     return phases
 
 
+def axis_groups(size: int, kernel: int, stride: int, dilation: int, pad: int,
+                dy_size: int | None = None) -> list[AxisPhase] | None:
+    """The phases of one axis folded into a few groups, when no two taps reach one row (every
+    phase has at most one tap: ``kernel <= stride / gcd(stride, dilation)``, patch embeddings
+    and other layers whose kernel is at most their stride); ``None`` otherwise.
+
+    Tap ``a`` reaches the rows ``i = o*stride + a*dilation - pad`` (dy row ``o``): with
+    ``a*dilation - pad = c*stride + r``, row ``q = o + c`` of phase ``r``. The taps with the same
+    ``c`` and the same number of rows (at most two counts) read the same dy row for a given
+    ``q``: one group, whose phases ``r`` step by ``dilation`` and whose flipped taps step by -1.
+    So an axis has at most a few groups whatever its stride, where :func:`axis_phases` has one
+    phase per reached residue (256 for a 16x16 patch embedding, each a reduction stage). With
+    ``dy_size``, a group's rows stop at the last one that reads a dy row (the rows past the
+    last patch get no product, and need no padding of dy).
+    """
+    if stride == 1 or kernel > stride // math.gcd(stride, dilation):
+        return None
+    groups: list[AxisPhase] = []
+    for a in range(kernel):
+        c, r = divmod(a * dilation - pad, stride)
+        first, end = 0, (size - r + stride - 1) // stride
+        if dy_size is not None:  # the rows q whose dy row q - c is a real one
+            first, end = max(0, c), min(end, dy_size + c)
+        rows = end - first
+        if rows <= 0:
+            continue
+        last = groups[-1] if groups else None
+        if (last is not None and last.dy0 == -c and last.rows == rows and last.q0 == first
+                and last.r + last.lanes * dilation == r):
+            groups[-1] = dataclasses.replace(last, lanes=last.lanes + 1)
+            continue
+        groups.append(AxisPhase(r=r, rows=rows, taps=1, dy0=-c, dy_step=1,
+                                flip0=kernel - 1 - a, tap_step=1, q0=first,
+                                lane_r_step=dilation, lane_flip_step=-1))
+    return sorted(groups, key=lambda g: g.r)
+
+
 @dataclass(frozen=True)
 class Phase:
     """One reduction stage of the stride-phase form: a phase of each of D, H and W."""
@@ -258,6 +302,16 @@ class Phase:
     @property
     def taps(self) -> tuple[int, int, int]:
         return tuple(a.taps for a in self.axes)
+
+    @property
+    def lanes(self) -> int:
+        """Folded phases computed side by side (``AxisPhase.lanes`` of every axis)."""
+        return math.prod(a.lanes for a in self.axes)
+
+    def lane_of(self, lane) -> tuple:
+        """The folded phase of each axis of stage lane ``lane`` (D slowest)."""
+        _, lh, lw = (a.lanes for a in self.axes)
+        return lane // (lh * lw), lane // lw % lh, lane % lw
 
 
 def _plan(per_axis: list[list[AxisPhase]], dy_depth: int) -> list[Phase]:
@@ -279,8 +333,9 @@ def _plan(per_axis: list[list[AxisPhase]], dy_depth: int) -> list[Phase]:
 def phases(p: BackpropInputParams) -> list[Phase]:
     """The reduction stages of the stride-phase form, named as the schedules find them."""
     geo = p.geometry
-    per_axis = [axis_phases(*args) for args in zip(geo.in_spatial, geo.kernel, geo.strides,
-                                                    geo.dilations, geo.pads_before, strict=True)]
+    per_axis = [axis_groups(*args, dy_size=dy) or axis_phases(*args)
+                for *args, dy in zip(geo.in_spatial, geo.kernel, geo.strides, geo.dilations,
+                                     geo.pads_before, geo.out_spatial, strict=True)]
     return _plan(per_axis, geo.out_spatial[0])
 
 
@@ -306,33 +361,45 @@ def _mad_phase(dy_pad: te.Tensor, lead: tuple[int, int, int], w_flip: te.Tensor,
     ra = te.reduce_axis((0, pd.taps), name="a")
     rb = te.reduce_axis((0, ph.taps), name="b")
     rc = te.reduce_axis((0, pw.taps), name="c")
-    shape = (p.geometry.batch, pd.rows, g.real_g * g.cin1_g, ph.rows, pw.rows, c0)
+    blocks = g.real_g * g.cin1_g
+    # Folded phases are more channel blocks: (lane, block), every lane a GEMM on the same dy.
+    shape = (p.geometry.batch, pd.rows, phase.lanes * blocks, ph.rows, pw.rows, c0)
 
-    def body(nn, qd, cb, qh, qw, ci0):
+    def body(nn, qd, cbx, qh, qw, ci0):
+        lane, cb = (cbx // blocks, cbx % blocks) if phase.lanes > 1 else (0, cbx)
+        ld, lh, lw = phase.lane_of(lane)
         grp = _merged_group(cb, g)
         co_block = grp * (g.cout_g // c0) + rco // c0
         x = dy_pad[nn, pd.dy_row(qd, ra, lead[0]), co_block, ph.dy_row(qh, rb, lead[1]),
                    pw.dy_row(qw, rc, lead[2]), rco % c0]
-        k = w_flip[grp, pd.flip(ra), ph.flip(rb), pw.flip(rc), rco, (cb % g.cin1_g) * c0 + ci0]
+        k = w_flip[grp, pd.flip(ra, ld), ph.flip(rb, lh), pw.flip(rc, lw), rco,
+                   (cb % g.cin1_g) * c0 + ci0]
         return te.sum(x.astype(ACC_DTYPE) * k.astype(ACC_DTYPE), axis=[rco, ra, rb, rc])
 
     return te.compute(shape, body, name=phase.name, tag=_tag("mad"))
 
 
 def _interleave(parts: list[tuple[Phase, object]], strides: tuple[int, int, int],
-                sizes: tuple[int, int, int]):
+                sizes: tuple[int, int, int], blocks: int):
     """``acc(n, d, cb, h, w, c)`` reading the phase that holds (d, h, w), else zero (``sizes``:
-    the input rows per axis); a part is a phase and ``read(n, qd, cb, qh, qw, c)``, the value
-    at row ``q`` of each axis of the phase."""
+    the input rows per axis; ``blocks``: channel blocks per folded phase); a part is a phase
+    and ``read(n, qd, cb, qh, qw, c)``, the value at row ``q`` of each axis of the phase."""
 
     def acc(nn, d, cb, h, w, cc):
         value = tirx.const(0, ACC_DTYPE)
         for phase, tensor in parts:
-            conds, index = [], []
+            conds, index, lanes = [], [], []
             for v, s, size, axis in zip((d, h, w), strides, sizes, phase.axes, strict=True):
                 q = v if s == 1 else v // s
-                if s > 1:
-                    conds.append(v % s == axis.r)
+                if axis.lanes > 1:  # r = axis.r + j*lane_r_step for some lane j < lanes
+                    offset = v % s - axis.r
+                    conds += [offset >= 0, offset % axis.lane_r_step == 0,
+                              offset < axis.lanes * axis.lane_r_step]
+                    lanes.append(tirx.max(offset, 0) // axis.lane_r_step)
+                else:
+                    lanes.append(0)
+                    if s > 1:
+                        conds.append(v % s == axis.r)
                 whole = axis.q0 == 0 and axis.rows == -(-(size - axis.r) // s)
                 if whole and s == 1:
                     index.append(v)
@@ -341,7 +408,15 @@ def _interleave(parts: list[tuple[Phase, object]], strides: tuple[int, int, int]
                     conds += [q >= axis.q0, q < axis.q0 + axis.rows]
                 # Clamped: a row of another phase or run may lie outside this block's rows.
                 index.append(tirx.max(tirx.min(q - axis.q0, axis.rows - 1), 0))
-            read = tensor(nn, index[0], cb, index[1], index[2], cc)
+            if phase.lanes > 1:
+                # Clamped as the rows are: another phase's lane may be past this one's.
+                ld, lh, lw = (tirx.min(j, a.lanes - 1) if a.lanes > 1 else 0
+                              for j, a in zip(lanes, phase.axes, strict=True))
+                _, lanes_h, lanes_w = (a.lanes for a in phase.axes)
+                cb_read = ((ld * lanes_h + lh) * lanes_w + lw) * blocks + cb
+            else:
+                cb_read = cb
+            read = tensor(nn, index[0], cb_read, index[1], index[2], cc)
             value = read if not conds else tirx.if_then_else(tirx.all(*conds), read, value)
         return value
 
@@ -405,7 +480,8 @@ def _phase_correlation(w, dy, p, plan, strides, bias, attrs, winograd=False) -> 
             for ph in plan:
                 mad = _mad_winograd(v, u, lead, p, ph)
                 parts.append((ph, _winograd_output(mad, axis, wino)))
-    return _result(_interleave(parts, strides, p.geometry.in_spatial), bias, p, attrs)
+    blocks = p.geometry.group.real_g * p.geometry.group.cin1_g
+    return _result(_interleave(parts, strides, p.geometry.in_spatial, blocks), bias, p, attrs)
 
 
 # Winograd F(m,r) along W --------------------------------------------------------------------
@@ -437,7 +513,7 @@ def _winograd_axis(plan: list[Phase], strides, winograd: bool | int
     (F(4,3) unless the row is too short; F(2,5)), 2 or 4 that F(m,r) if there is one; False:
     None.
     """
-    if not winograd or not plan:
+    if not winograd or not plan or any(ph.lanes > 1 for ph in plan):
         return None
     axis = plan[0].axes[2]
     if strides[2] != 1 or axis.q_step != 1 or axis.q0 != 0:
