@@ -51,16 +51,21 @@ class Shape:
     spatial: tuple
     cout: int
     kernel: tuple
-    stride: int
+    stride: int | tuple  # one per spatial axis, or one for all
     pad: int
     dilation: int = 1
     groups: int = 1
     dtype: str = "float32"
     fitted: bool = True  # in the suite the rules were developed and tuned on
 
+    @property
+    def strides(self) -> tuple:
+        return (self.stride if isinstance(self.stride, tuple)
+                else (self.stride,) * len(self.spatial))
+
     def out_spatial(self):
-        return tuple((i + 2 * self.pad - self.dilation * (k - 1) - 1) // self.stride + 1
-                     for i, k in zip(self.spatial, self.kernel, strict=True))
+        return tuple((i + 2 * self.pad - self.dilation * (k - 1) - 1) // s + 1
+                     for i, k, s in zip(self.spatial, self.kernel, self.strides, strict=True))
 
     def flops(self) -> int:
         return (2 * self.n * self.cout * math.prod(self.out_spatial()) * self.cin // self.groups
@@ -89,6 +94,16 @@ WIDENED = [
     Shape("2d-c64-56", 8, 64, (56, 56), 64, (3, 3), 1, 1, fitted=False),
     Shape("2d-s2-55", 8, 32, (55, 55), 64, (3, 3), 2, 0, fitted=False),
     Shape("1d-c64-k5", 8, 64, (1000,), 64, (5,), 1, 2, fitted=False),
+]
+# Kernels at most their stride: the patch embeddings of vision and video transformers, and
+# gaps between patches (the input gradient's folded stride phases).
+PATCH = [
+    Shape("patch16-2d-768", 8, 3, (224, 224), 768, (16, 16), 16, 0, fitted=False),
+    Shape("patch4-2d-96", 4, 3, (64, 64), 96, (4, 4), 4, 0, fitted=False),
+    Shape("k3-s4-2d-c16", 4, 16, (64, 64), 32, (3, 3), 4, 0, fitted=False),
+    Shape("patch-3d-2x4x4-96", 2, 3, (8, 64, 64), 96, (2, 4, 4), (2, 4, 4), 0, fitted=False),
+    Shape("patch-3d-2x16x16-768", 2, 3, (8, 112, 112), 768, (2, 16, 16), (2, 16, 16), 0,
+          fitted=False),
 ]
 QUICK = [Shape("quick", 2, 32, (8, 28, 28), 32, (3, 3, 3), 1, 1)]
 
@@ -197,7 +212,7 @@ def run(shapes, repeat: int, budget: float, torch_limit: float, threads: int
         w = rng.standard_normal((s.cout, s.cin // s.groups, *s.kernel)).astype(dt)
         go = rng.standard_normal((s.n, s.cout, *s.out_spatial())).astype(dt)
         nd = len(s.spatial)
-        params = dict(stride=[s.stride] * nd, padding=[s.pad] * nd,
+        params = dict(stride=list(s.strides), padding=[s.pad] * nd,
                       dilation=[s.dilation] * nd, transposed=False, output_padding=[0] * nd,
                       groups=s.groups)
         tdt = getattr(torch, s.dtype)  # the dtype names are torch's too
@@ -333,7 +348,7 @@ def width_rows(shapes, repeat: int, budget: float) -> list[dict]:
         spatial = (1,) * (3 - nd) + tuple(s.spatial)
         conv = kernels.Conv3d(s.n, s.cin, s.cout, spatial, (1,) * (3 - nd) + s.out_spatial(),
                               (1,) * (3 - nd) + tuple(s.kernel), (1,) * (3 - nd) +
-                              (s.stride,) * nd, pad3, (1,) * (3 - nd) + (s.dilation,) * nd,
+                              s.strides, pad3, (1,) * (3 - nd) + (s.dilation,) * nd,
                               s.groups)
         for grad in ("weight", "input"):
             graph = graph_of("grad_" + grad, conv, kernels.Precision(s.dtype, s.dtype))
@@ -416,7 +431,7 @@ def main(argv=None) -> int:
 
     threads = cpu_count()
     torch.set_num_threads(threads)
-    shapes = QUICK if args.quick else SUITE + ([] if args.fitted_only else WIDENED)
+    shapes = QUICK if args.quick else SUITE + ([] if args.fitted_only else WIDENED + PATCH)
     if args.only:
         shapes = [s for s in shapes if s.name in args.only]
     host = host_description()
@@ -436,6 +451,13 @@ def main(argv=None) -> int:
     print("schedule: L8/L16 the 8- or 16-lane heuristic that measured selection chose (a8: at "
           "most 8 accumulators, +K: split K), record: a stored tuning record, rule: the untimed "
           "rule; build s includes the selection")
+    slowest = sorted(rows, key=lambda r: -r["compile_s"])[:3]
+    print("slowest first builds (selection included): " + ", ".join(
+        f"{r['shape']} {r['gradient']} {r['compile_s']:.1f} s" for r in slowest))
+    call_overhead = max(rows, key=lambda r: r["call_over_kernel"])
+    print(f"largest call / kernel: {call_overhead['call_over_kernel']:.3f} "
+          f"({call_overhead['shape']} {call_overhead['gradient']}: kernel "
+          f"{call_overhead['kernel_ms']:.2f} ms)")
     summary = {}
     for grad in ("weight", "input"):
         for label, keep in (("float32, every layer", lambda r: r["dtype"] == "float32"),

@@ -141,3 +141,58 @@ def test_cuda_schedules_fold_the_phases_too(name, dtype, arch):
     for label, g, e in zip(("grad_input", "grad_weight"), got[:2], want[:2], strict=True):
         np.testing.assert_allclose(g.astype(np.float64), e, rtol=0,
                                    atol=RTOL[dtype] * np.abs(e).max(), err_msg=label)
+
+
+# ----------------------------------------------------------------------------- few channels
+# The weight gradient of 1-4 input channels folds W's taps into the channels
+# (``kernels.width_fold``): (x NC + spatial, cout, kernel, stride, pad, dilation).
+STEMS = {
+    "3d-video-stem-c3": ((2, 3, 4, 16, 18), 8, (3, 7, 7), (1, 2, 2), (1, 3, 3), (1, 1, 1)),
+    "2d-stem-c1": ((2, 1, 21, 19), 8, (7, 7), (2, 2), (3, 3), (1, 1)),
+    "2d-c4-k3-dil2": ((2, 4, 13, 15), 8, (3, 3), (1, 1), (2, 2), (2, 2)),
+    "1d-c2-k5-s3": ((3, 2, 40), 8, (5,), (3,), (1,), (1,)),
+    "3d-c3-k133-temporal-pad": ((1, 3, 6, 9, 10), 8, (3, 1, 3), (2, 1, 1), (1, 0, 1), (1, 1, 1)),
+}
+
+
+@pytest.mark.parametrize("name", list(STEMS))
+def test_few_input_channels_fold_the_width(name):
+    torch = pytest.importorskip("torch")
+    x_shape, cout, k, s, p, d = STEMS[name]
+    lead = 3 - len(k)
+    conv = kernels.Conv3d(x_shape[0], x_shape[1], cout, (1,) * lead + x_shape[2:],
+                          (1,) * lead + tuple(
+                              (i + 2 * pp - dd * (kk - 1) - 1) // ss + 1
+                              for i, kk, ss, pp, dd in zip(x_shape[2:], k, s, p, d,
+                                                           strict=True)),
+                          (1,) * lead + k, (1,) * lead + s,
+                          (0, 0) * lead + tuple(v for pp in p for v in (pp, pp)),
+                          (1,) * lead + d, 1)
+    fold = kernels.width_fold(conv)
+    assert fold is not None and fold.taps == k[-1]
+    graph = kernels.grad_weight(conv, kernels.Precision("float32", "float32"))
+    assert graph.params.geometry.kernel[2] == 1  # the core has one W tap
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    w = rng.standard_normal((cout, x_shape[1], *k)).astype(np.float32)
+    go = rng.standard_normal((x_shape[0], cout, *conv.out_spatial[lead:])).astype(np.float32)
+    kw = dict(stride=list(s), padding=list(p), dilation=list(d), groups=1)
+    got = ops.convolution_backward(go, x, w, bias_sizes=None, output_mask=(False, True, False),
+                                   **kw)[1]
+    want = torch.ops.aten.convolution_backward(
+        *(torch.from_numpy(a) for a in (go, x, w)), None, list(s), list(p), list(d), False,
+        [0] * len(k), 1, [False, True, False])[1].numpy()
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
+
+
+def test_width_fold_is_only_taken_where_it_fills_more_lanes():
+    def conv(cin, kw, groups=1):
+        return kernels.Conv3d(1, cin, 8 * groups, (2, 5, 9), (2, 5, 9), (1, 1, kw),
+                              (1, 1, 1), (0, 0, 0, 0, kw // 2, kw // 2), (1, 1, 1), groups)
+
+    assert kernels.width_fold(conv(3, 7)).taps == 7
+    assert kernels.width_fold(conv(4, 4)).taps == 4
+    assert kernels.width_fold(conv(3, 1)) is None  # nothing to fold
+    assert kernels.width_fold(conv(16, 3)) is None  # every lane already used
+    assert kernels.width_fold(conv(8, 3)) is None  # more than FOLD_MAX_CHANNELS
+    assert kernels.width_fold(conv(4, 3, groups=2)) is None

@@ -13,6 +13,7 @@ Input stages are named ``layout_in_<tensor>``, output stages ``layout_out_<tenso
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .. import stages
@@ -90,6 +91,46 @@ def pack_6hd(t: te.Tensor, channels_last: bool, c0: int, dtype: str, convert: Co
 
     return te.compute((n, d, c1, h, w, c0), body, name=_in_name(tensor),
                       tag=stages.tag("layout", "pack_6hd"))
+
+
+@dataclass(frozen=True)
+class WidthFold:
+    """Taps of W folded into the channels: channel ``ci*taps + j`` of the packed tensor at
+    column ``wo`` is channel ``ci`` of the array at column ``wo*stride + j*dilation - pad``
+    (zero outside the array). A weight gradient of few input channels (an RGB stem: 3 of 16
+    lanes used) then multiplies ``cin*taps`` real channels per vector instead of ``cin``."""
+
+    taps: int
+    stride: int
+    dilation: int
+    pad: int
+    columns: int  # wo: the packed tensor's W
+
+
+def pack_6hd_folded(t: te.Tensor, channels_last: bool, c0: int, dtype: str, convert: Convert,
+                    tensor: str, fold: WidthFold, extent: Sequence[int]) -> te.Tensor:
+    """``pack_6hd`` of ``t``'s W taps folded into its channels (:class:`WidthFold`):
+    ``(N, D, ceil(C*taps/C0), H, fold.columns, C0)``; ``extent``: the (D, H, W) rows of ``t``
+    the convolution reads (columns past W are its padding)."""
+    if channels_last:
+        n, c = int(t.shape[0]), int(t.shape[4])
+    else:
+        n, c = int(t.shape[0]), int(t.shape[1])
+    d, h, w = (int(e) for e in extent)
+    folded = c * fold.taps
+    zero = tirx.const(0, dtype)
+
+    def body(nn, dd, cb, hh, wo, cc):
+        ch = cb * c0 + cc
+        col = wo * fold.stride + ch % fold.taps * fold.dilation - fold.pad
+        ci = tirx.min(ch // fold.taps, c - 1)
+        at = tirx.max(tirx.min(col, w - 1), 0)  # the read stays in the array; guarded below
+        read = t[nn, dd, hh, at, ci] if channels_last else t[nn, ci, dd, hh, at]
+        inside = tirx.all(ch < folded, col >= 0, col < w)
+        return tirx.if_then_else(inside, convert(read), zero)
+
+    return te.compute((n, d, -(-folded // c0), h, fold.columns, c0), body,
+                      name=_in_name(tensor), tag=stages.tag("layout", "pack_6hd_folded"))
 
 
 def pack_fractal_z_3d(get: Callable, dtype: str, group: GroupInfo, kernel: Sequence[int],

@@ -16,6 +16,7 @@ Every gradient is one of three cores on a forward convolution ``x -> y`` (:class
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -36,6 +37,9 @@ from ..params import (
 
 C0 = 16
 ACC_DTYPE = "float32"
+# Input channels up to which the weight gradient folds W's taps into the channels
+# (``width_fold``): stems and patch embeddings (1-4 channels: 6-25% of a vector's lanes).
+FOLD_MAX_CHANNELS = 4
 
 
 @dataclass(frozen=True)
@@ -217,11 +221,17 @@ def grad_weight(conv: Conv3d, prec: Precision, names=("input", "grad_output", "g
     x = _placeholder(nd(x_shape), names[0], prec.dtype)
     dy = _placeholder(nd(conv.y_shape), names[1], prec.dtype)
     convert, cd = prec.convert(), prec.core_dtype
-    group = group_info(conv.cin, conv.cout, conv.groups, cin0=C0)
-    x6 = lt.pack_6hd(x, channels_last, C0, cd, convert, names[0], extent=conv.in_spatial)
+    fold = width_fold(conv)
+    core = conv if fold is None else folded_conv(conv, fold)
+    group = group_info(core.cin, core.cout, core.groups, cin0=C0)
+    if fold is None:
+        x6 = lt.pack_6hd(x, channels_last, C0, cd, convert, names[0], extent=conv.in_spatial)
+    else:
+        x6 = lt.pack_6hd_folded(x, channels_last, C0, cd, convert, names[0], fold,
+                                conv.in_spatial)
     dy6 = lt.pack_6hd(dy, channels_last, C0, cd, convert, names[1])
     p = BackpropFilterParams(
-        _geometry(conv, group, conv.batch, conv.in_spatial, conv.out_spatial),
+        _geometry(core, group, core.batch, core.in_spatial, core.out_spatial),
         tuple(int(s) for s in x6.shape), tuple(int(s) for s in dy6.shape), cd, ACC_DTYPE,
         names[2], {})
     res = compute.conv3d_backprop_filter(x6, dy6, p, winograd=winograd)
@@ -229,9 +239,47 @@ def grad_weight(conv: Conv3d, prec: Precision, names=("input", "grad_output", "g
         shape, index, layout = conv.w_shape, (lambda *i: i), "NCDHW"
     else:
         shape, index, layout = out_layout
-    out = lt.unpack_filter_gradient(res, shape, index, prec.dtype, group, conv.kernel, names[2])
+    if fold is not None:  # tap c of channel ci is channel ci*taps + c of the folded core
+        def index(*out, user=index):
+            co, ci, a, b, c = user(*out)
+            return co, ci * fold.taps + c, a, b, 0
+
+    out = lt.unpack_filter_gradient(res, shape, index, prec.dtype, group, core.kernel,
+                                    names[2])
     in_layout = "NDHWC" if channels_last else "NCDHW"
     return Graph(FILTER_OP, p, [x, dy], out, [in_layout, in_layout, layout])
+
+
+def width_fold(conv: Conv3d) -> lt.WidthFold | None:
+    """How the weight gradient folds W's taps into the channels (``lt.WidthFold``), or None:
+    for at most ``FOLD_MAX_CHANNELS`` input channels, without groups, when it fills more of
+    the C0 lanes of a vector.
+
+    An RGB stem (3 channels, kw 7) multiplies 3 real channels per 16 lanes; folded, 21 per 32
+    (a 16x16 patch embedding: 48 per 48). The folded core is a convolution with one tap in W
+    (``folded_conv``) over an input that holds ``kw`` shifted copies of x's columns.
+    """
+    kw = conv.kernel[2]
+    if conv.groups != 1 or kw == 1 or conv.cin > FOLD_MAX_CHANNELS:
+        return None
+
+    def used(channels: int) -> float:
+        return channels / (-(-channels // C0) * C0)
+
+    if used(conv.cin * kw) <= used(conv.cin):
+        return None
+    pad = conv.pads[4]
+    return lt.WidthFold(kw, conv.strides[2], conv.dilations[2], pad, conv.out_spatial[2])
+
+
+def folded_conv(conv: Conv3d, fold: lt.WidthFold) -> Conv3d:
+    """The convolution the folded weight gradient computes: ``cin*kw`` channels, one W tap,
+    W stride 1 over the ``wo`` packed columns."""
+    d, h, _ = conv.in_spatial
+    return dataclasses.replace(
+        conv, cin=conv.cin * fold.taps, in_spatial=(d, h, fold.columns),
+        kernel=(*conv.kernel[:2], 1), strides=(*conv.strides[:2], 1),
+        pads=(*conv.pads[:4], 0, 0), dilations=(*conv.dilations[:2], 1))
 
 
 def workspace_bytes(mod: IRModule) -> int:
