@@ -219,6 +219,18 @@ def empty_like_library(like: Any, shape: Sequence[int], dtype: str, alignment: i
     return tvm_runtime.empty(shape, dtype, _tensor(like).device)
 
 
+def zeros(like: Any, shape: Sequence[int], dtype: str, out: Any = None) -> Any:
+    """``out`` filled with zeros, or a new zero array of ``like``'s library and device."""
+    result = out if out is not None else empty_like_library(like, shape, dtype, 1)
+    if _is_torch(result):
+        result.zero_()
+    elif isinstance(result, np.ndarray):
+        result[...] = 0
+    else:  # a TVM tensor on a GPU
+        result.copyfrom(np.zeros(tuple(shape), numpy_dtype(dtype)))
+    return result
+
+
 class Spares:
     """A kernel's last host results, handed out again once nothing holds them.
 

@@ -23,6 +23,7 @@ a schedule that may access memory out of bounds is never compiled.
 from __future__ import annotations
 
 import contextlib
+import math
 
 import numpy as np
 
@@ -39,6 +40,31 @@ from ._tvm import (
     tvm,
     undefined_vars,
 )
+
+# The largest element count a buffer may have: TVM indexes buffers with int32 expressions
+# (placeholder shapes are int32), and a flattened index past this wraps around.
+MAX_BUFFER_ELEMENTS = 2**31 - 1
+
+
+def assert_int32_indexable(tensors, op: str) -> None:
+    """Refuse (``ValueError`` naming ``op``, the tensor and its size) a kernel any of whose
+    buffers, inputs, outputs or the stages between them, holds more than
+    ``MAX_BUFFER_ELEMENTS`` elements: its int32 indices would wrap and read or write out of
+    bounds. ``tensors``: the kernel's TE tensors (the stages they are computed from are
+    walked too)."""
+    seen, todo = set(), list(tensors)
+    while todo:
+        t = todo.pop()
+        if t.op.name in seen:
+            continue
+        seen.add(t.op.name)
+        todo += list(t.op.input_tensors)
+        count = math.prod(int(d) for d in t.shape)
+        if count > MAX_BUFFER_ELEMENTS:
+            raise ValueError(
+                f"{op}: tensor {t.op.name!r} of shape {tuple(int(d) for d in t.shape)} has "
+                f"{count} elements, more than the {MAX_BUFFER_ELEMENTS} that 32-bit indices "
+                "address; split the batch (or the volume) into smaller calls")
 
 
 class OutOfBoundsError(RuntimeError):

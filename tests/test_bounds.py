@@ -120,3 +120,52 @@ def test_a_select_chain_deeper_than_the_recursion_limit():
     assert check_bounds(_select_chain(depth, overrun=False)) == []
     (problem,) = check_bounds(_select_chain(depth, overrun=True))
     assert problem.startswith("block 'B' reads A[...] with axis 0 index v_i + 1")
+
+
+def test_buffers_past_32_bit_indices_are_refused():
+    """A stage of 2^31 elements or more (an input, a padded copy, the result) would wrap its
+    int32 index: the kernel is refused by name before anything is built."""
+    from tbe_like.bounds import MAX_BUFFER_ELEMENTS, assert_int32_indexable
+
+    a = te.placeholder((2, 2**30), name="A")  # 2^31 elements: one past the limit
+    b = te.compute((2, 2**30), lambda i, j: a[i, j] * 2.0, name="B")
+    with pytest.raises(ValueError, match=r"^my_op: tensor '.' of shape \(2, 1073741824\) has "
+                                         r"2147483648 elements, more than the 2147483647"):
+        assert_int32_indexable([b], "my_op")
+    small = te.compute((2, 2**29), lambda i, j: a[i, j], name="C")  # reads a large input
+    with pytest.raises(ValueError, match="tensor 'A'"):
+        assert_int32_indexable([small], "my_op")
+    ok = te.placeholder((MAX_BUFFER_ELEMENTS,), name="D")
+    assert_int32_indexable([te.compute((8,), lambda i: ok[i], name="E")], "my_op")
+
+
+def test_operators_refuse_a_padded_stage_past_32_bit_indices():
+    """The padded 6HD copy of a 3-channel volume has 16/3 times its elements: refused although
+    every array the user passes would fit."""
+    from tbe_like.ops import kernels
+
+    side = 768  # 3 x 768^3 = 1.36e9 elements; packed to 16 channels: 7.2e9
+    conv = kernels.Conv3d(1, 3, 16, (side,) * 3, (side,) * 3, (1, 1, 1), (1, 1, 1),
+                          (0,) * 6, (1, 1, 1), 1)
+    graph = kernels.grad_input(conv, kernels.Precision("float32", "float32"))
+    with pytest.raises(ValueError, match=r"^conv3d_backprop_input: tensor '.*' of shape .* has "
+                                         r"\d+ elements, more than the 2147483647"):
+        kernels.prim_func(graph)
+
+
+def test_convolution_backward_names_itself_when_refusing_a_large_buffer(tmp_path):
+    """Through the framework operator: shapes only (nothing is allocated or built)."""
+    from types import SimpleNamespace
+
+    from tbe_like import ops
+    from tbe_like.cache import KernelCache
+
+    side = 768
+    spec = [SimpleNamespace(shape=(1, c, side, side, side), dtype="float32") for c in (16, 3)]
+    w = SimpleNamespace(shape=(16, 3, 1, 1, 1), dtype="float32")
+    with pytest.raises(ValueError, match=r"^convolution_backward: tensor '.*' of shape .* has "
+                                         r"\d+ elements, more than the 2147483647"):
+        ops.prepare_convolution_backward(spec[0], spec[1], w, bias_sizes=None, stride=1,
+                                         padding=0, dilation=1, output_mask=(True, False, False),
+                                         cache=KernelCache(tmp_path))
+    assert not list(tmp_path.glob("*.so"))

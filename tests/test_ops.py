@@ -429,3 +429,37 @@ def test_cuda_target_matches_reference(cache):
     for g, e in zip(got, want, strict=True):
         np.testing.assert_allclose(g.astype(np.float64), e, rtol=0,
                                    atol=RTOL["float16"] * np.abs(e).max())
+
+
+@pytest.mark.parametrize("go_shape, x_shape, w_shape, transposed", [
+    ((0, 6, 3, 3), (0, 4, 5, 5), (6, 4, 3, 3), False),  # N = 0
+    ((2, 6, 3, 3), (2, 0, 5, 5), (6, 0, 3, 3), False),  # C = 0: grad_output is not empty
+    ((0, 4, 3, 7, 7), (0, 6, 3, 5, 5), (6, 4, 1, 3, 3), True),  # transposed, N = 0
+    ((0, 6, 8), (0, 4, 10), (6, 2, 3), False),  # 1D, groups 2
+])
+@pytest.mark.parametrize("mask", [(True, True, True), (False, True, False)])
+def test_empty_input_gives_the_gradients_pytorch_gives(go_shape, x_shape, w_shape, transposed,
+                                                       mask):
+    """Seed 003 allows an input empty along N or C: zeros of the right shapes, no kernel."""
+    torch = pytest.importorskip("torch")
+    groups = 2 if len(x_shape) == 3 else 1
+    rng = np.random.default_rng(0)
+    go = rng.standard_normal(go_shape).astype(np.float32)
+    x = np.zeros(x_shape, np.float32)
+    w = rng.standard_normal(w_shape).astype(np.float32)
+    nd = len(x_shape) - 2
+    kw = dict(stride=[1] * nd, padding=[0] * nd, dilation=[1] * nd, transposed=transposed,
+              output_padding=[0] * nd, groups=groups, output_mask=mask)
+    bias = [w_shape[1] * groups if transposed else w_shape[0]]
+    want = torch.ops.aten.convolution_backward(
+        *(torch.from_numpy(a) for a in (go, x, w)), bias, kw["stride"], kw["padding"],
+        kw["dilation"], transposed, kw["output_padding"], groups, list(mask))
+    for inputs, kind in (((go, x, w), np.ndarray),
+                         (tuple(torch.from_numpy(a) for a in (go, x, w)), torch.Tensor)):
+        got = ops.convolution_backward(*inputs, bias_sizes=bias, **kw)
+        for g, e, m in zip(got, want, mask, strict=True):
+            if not m:
+                assert g is None
+                continue
+            assert isinstance(g, kind) and tuple(g.shape) == tuple(e.shape)
+            assert not np.asarray(g).any() and not e.any()

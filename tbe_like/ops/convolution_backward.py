@@ -63,6 +63,8 @@ class ConvolutionBackwardExecutor:
                  built: dict[str, Kernel] | None = None):
         self.params = p
         self.target = target
+        if built is None and p.empty:
+            built = {}  # empty input: zeros, as aten.convolution_backward gives
         if built is None:
             conv = conv_of(p)
             prec = kernels.Precision.on(target, p.dtype, p.compute_dtype, p.hf32)
@@ -89,6 +91,8 @@ class ConvolutionBackwardExecutor:
         x = check_array(OP, "input", input, p.input_shape, p.input_dtype)
         w = check_array(OP, "weight", weight, p.weight_shape, p.weight_dtype)
         outs = _out_triple(out)
+        if p.empty:
+            return _zeros(p, go, outs)
 
         def as5(a: Any, shape5: tuple) -> Any:
             return arrays.reshape(arrays.cast(a, p.dtype), shape5)
@@ -110,6 +114,24 @@ class ConvolutionBackwardExecutor:
                 arrays.copy_into(outs[2], grad_bias)
                 grad_bias = outs[2]
         return grad_input, grad_weight, grad_bias
+
+
+def _zeros(p: ConvolutionBackwardParams, like: Any, outs: tuple) -> tuple[Any, Any, Any]:
+    """The gradients of an empty input (N or C is 0), as ``aten.convolution_backward`` gives
+    them: zeros, grad_bias too (also when C is 0 and grad_output is not: PyTorch's result)."""
+    shapes = (p.input_shape, p.weight_shape, (p.grad_output_shape[1],))
+    dtypes = (p.grad_input_dtype, p.grad_weight_dtype, p.grad_bias_dtype)
+    names = ("grad_input", "grad_weight", "grad_bias")
+    found = []
+    for want, shape, dtype, out, name in zip(p.output_mask, shapes, dtypes, outs, names,
+                                             strict=True):
+        if not want:
+            found.append(None)
+            continue
+        if out is not None:
+            check_array(OP, f"out {name}", out, shape, dtype)
+        found.append(arrays.zeros(like, shape, dtype, out))
+    return tuple(found)
 
 
 def _out_triple(out: Sequence[Any] | None) -> tuple[Any, Any, Any]:

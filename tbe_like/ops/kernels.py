@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from .. import compute, stages
 from .._tvm import IRModule, Target, te, tvm
-from ..bounds import compile_checked
+from ..bounds import assert_int32_indexable, compile_checked
 from ..compute import layout as lt
 from ..compute.conv3d_backprop_input import conv3d_forward, result_periods
 from ..groups import GroupInfo, group_info
@@ -290,8 +290,11 @@ def workspace_bytes(mod: IRModule) -> int:
     return total
 
 
-def prim_func(graph: Graph):
-    """The unscheduled PrimFunc of a kernel (its tuning workload)."""
+def prim_func(graph: Graph, op: str | None = None):
+    """The unscheduled PrimFunc of a kernel (its tuning workload); refused, naming ``op``
+    (default: the core's operator), when a buffer is too large for 32-bit indices
+    (``bounds.assert_int32_indexable``)."""
+    assert_int32_indexable([graph.output], op or graph.op)
     return te.create_prim_func([*graph.inputs, graph.output])
 
 
@@ -312,7 +315,7 @@ def build(graph: Graph, target: Target, output_dir, kernel_name: str, op: str,
     from ..schedules import candidates
     from ..tune import plan
 
-    func = prim_func(graph)
+    func = prim_func(graph, op)
     sch, origin, selection = plan(func, lambda s, knobs: schedule(s, graph, target, knobs),
                                   candidates(graph.op, target), target, symbol=kernel_name)
     tuned = origin == "record"

@@ -104,16 +104,20 @@ def dtype_name(op: str, name: str, dtype: Any, allowed: Sequence[str]) -> str:
 
 
 def check_shape(op: str, name: str, shape: Any, ranks: Sequence[int], hint: str,
-                maximum: int = EXTENT_MAX) -> tuple[int, ...]:
-    """A tensor shape: a sequence of ints with one of ``ranks`` entries, each in [1, maximum]."""
+                maximum: int = EXTENT_MAX, empty_axes: Sequence[int] = ()) -> tuple[int, ...]:
+    """A tensor shape: a sequence of ints with one of ``ranks`` entries, each in [1, maximum]
+    (``empty_axes`` may also be 0)."""
     if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
         raise TypeError(f"{op}: {name} shape must be a tuple of ints, got {shape!r}")
     dims = tuple(check_int(op, f"{name} shape entry", s) for s in shape)
     if len(dims) not in ranks:
         counts = " or ".join(str(r) for r in ranks)
         raise _fail(op, f"{name} must have rank {counts} ({hint}), got shape {dims}")
-    if any(d < 1 for d in dims):
-        raise _fail(op, f"{name} must not be empty (every extent >= 1), got shape {dims}")
+    if any(d < (0 if a in empty_axes else 1) for a, d in enumerate(dims)):
+        allowed = "" if not empty_axes else (
+            f" but axis {' and '.join(str(a) for a in empty_axes)}")
+        raise _fail(op, f"{name} must not be empty (every extent >= 1{allowed}), got shape "
+                    f"{dims}")
     if any(d > maximum for d in dims):
         raise _fail(op, f"{name} extents must be at most {maximum}, got shape {dims}")
     return dims
@@ -233,6 +237,11 @@ class ConvolutionBackwardParams:
     # x = input, y = grad_output. Transposed, the roles swap: grad_input is the convolution of
     # grad_output with the weight, grad_weight the weight gradient with x = grad_output, dy = input.
     @property
+    def empty(self) -> bool:
+        """Whether input is empty (N or C is 0): the gradients are zeros, no kernel runs."""
+        return 0 in self.input_shape[:2]
+
+    @property
     def conv_x_shape5(self) -> tuple[int, ...]:
         return self.grad_output_shape5 if self.transposed else self.input_shape5
 
@@ -317,9 +326,12 @@ def _check_output_mask(value: Any) -> tuple[bool, bool, bool]:
 def _check_tensors(grad_output_shape: Any, input_shape: Any, weight_shape: Any
                    ) -> tuple[tuple[int, ...], ...]:
     hint = "NCL, NCHW or NCDHW"
-    shapes = tuple(check_shape(OP, name, shape, (3, 4, 5), hint) for name, shape in
-                   (("grad_output", grad_output_shape), ("input", input_shape),
-                    ("weight", weight_shape)))
+    # Seed 003: input may be empty along N or C (and then grad_output along N, the weight
+    # along its input channels); nothing else.
+    shapes = tuple(check_shape(OP, name, shape, (3, 4, 5), hint, empty_axes=empty)
+                   for name, shape, empty in (("grad_output", grad_output_shape, (0,)),
+                                              ("input", input_shape, (0, 1)),
+                                              ("weight", weight_shape, (1,))))
     ranks = [len(s) for s in shapes]
     if len(set(ranks)) != 1:
         raise _fail(OP, f"grad_output, input and weight must have the same rank, got ranks "
