@@ -17,6 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from .. import arrays
 from ..tune import RECORDS_ENV, TUNED_ENV, records_generation
 
 MAX_PREPARED = 64  # executors kept: a network's distinct layers, both passes
@@ -42,7 +43,8 @@ def prepared(key: Hashable, prepare: Callable[[], Any]) -> Any:
 
 def signature(array: Any) -> tuple:
     """What an executor is prepared for of one array argument: its type, shape and dtype."""
-    return type(array), tuple(getattr(array, "shape", ())), repr(getattr(array, "dtype", None))
+    dtype = arrays.dtype_name(array) if hasattr(array, "dtype") else None
+    return type(array), tuple(getattr(array, "shape", ())), dtype
 
 
 def clear() -> None:
