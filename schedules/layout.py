@@ -92,8 +92,10 @@ def _unpack_rows(sch, block, period: int) -> None:
     sch.parallel(row)
     vectorize(sch, w)
     sch.compute_at(producer, row)
-    *_, cols, c0 = sch.get_loops(producer)
-    if period > 1 and width % period == 0:
-        _, phase = sch.split(cols, [None, period])
+    own = sch.get_loops(producer)[1:]  # under the row loop; unit loops are not made
+    if not own:
+        return
+    if period > 1 and width % period == 0 and len(own) >= 2:
+        _, phase = sch.split(own[-2], [None, period])
         sch.unroll(phase)
-    sch.vectorize(c0)
+    sch.vectorize(own[-1])

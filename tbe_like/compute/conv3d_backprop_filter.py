@@ -47,8 +47,14 @@ def _fmap_pad(x: te.Tensor, p: BackpropFilterParams, out_w: int | None = None) -
     ext = [(o - 1) * s + (k - 1) * d + 1 for o, s, k, d in
            zip(out, geo.strides, geo.kernel, geo.dilations, strict=True)]
     zero = tirx.const(0, p.dtype)
+    # Where the rows the kernel reaches are all leading padding (an input of 1 row padded by
+    # 1, read by a 1-row kernel at stride 3), the stage is zeros and must not read x at all:
+    # a read that never happens still counts as outside x's region for the scheduler.
+    reaches_x = all(before < e for before, e in zip((front, top, left), ext, strict=True))
 
     def body(nn, d, c1, h, w, cc):
+        if not reaches_x:
+            return zero
         inside = tirx.all(d >= front, d < front + d_in, h >= top, h < top + h_in,
                           w >= left, w < left + w_in, c1 < cin1)
         return tirx.if_then_else(inside, x[nn, d - front, c1, h - top, w - left, cc], zero)
