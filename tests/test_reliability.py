@@ -1,0 +1,78 @@
+"""Reliability across processes: several processes building the same kernels into one fresh
+cache build each once and all compute right results; builds killed with SIGKILL at any moment
+leave nothing that a later process loads. Both start Python processes (TVM's import takes
+seconds each): ``slow``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+# One process: convolution_backward on seeded data through the default (disk) cache, checked
+# against the NumPy reference; prints the cache's counters.
+CHILD = """
+import json, sys
+import numpy as np
+from tbe_like import ops
+from tbe_like.cache import default_cache
+from tbe_like.testing import reference as ref
+rng = np.random.default_rng(int(sys.argv[1]))
+x = rng.standard_normal((2, 8, 5, 9, 11)).astype(np.float32)
+w = rng.standard_normal((12, 8, 3, 3, 3)).astype(np.float32)
+go = rng.standard_normal((2, 12, 3, 5, 6)).astype(np.float32)
+kw = dict(stride=[1, 2, 2], padding=[0, 1, 1], dilation=[1, 1, 1], transposed=False,
+          output_padding=[0, 0, 0], groups=1, output_mask=(True, True, False))
+got = ops.convolution_backward(go, x, w, bias_sizes=None, **kw)
+want = ref.convolution_backward(go.astype(np.float64), x.astype(np.float64),
+                                w.astype(np.float64), **kw)
+for g, e in zip(got[:2], want[:2]):
+    np.testing.assert_allclose(g, e, rtol=0, atol=1e-5 * np.abs(e).max())
+print(json.dumps(default_cache.stats))
+"""
+
+
+def _start(cache: Path, seed: int) -> subprocess.Popen:
+    env = {**os.environ, "TBE_LIKE_CACHE_DIR": str(cache), "TBE_LIKE_MEASURE": "0"}
+    return subprocess.Popen([sys.executable, "-c", CHILD, str(seed)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(child: subprocess.Popen) -> dict:
+    out, err = child.communicate(timeout=600)
+    assert child.returncode == 0, err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_four_processes_build_each_kernel_once(tmp_path):
+    children = [_start(tmp_path, seed) for seed in range(4)]
+    stats = [_finish(child) for child in children]
+    assert sum(s["builds"] for s in stats) == 2  # grad_input and grad_weight, once each
+    assert all(s["builds"] + s["disk_hits"] == 2 for s in stats)
+    assert len(list(tmp_path.glob("*.so"))) == 2 and len(list(tmp_path.glob("*.json"))) == 2
+
+
+@pytest.mark.slow
+def test_builds_killed_at_any_moment_leave_nothing_loaded(tmp_path):
+    """SIGKILL while importing, building or writing, at spread-out moments; then a process on
+    the same cache gets right results (a half-written entry would fail its SHA-256 check or
+    its assertion)."""
+    for delay in (0.5, 1.5, 2.5, 3.5, 5.0):
+        child = _start(tmp_path, 0)
+        time.sleep(delay)
+        child.send_signal(signal.SIGKILL)
+        child.communicate(timeout=60)
+    from tbe_like.kernel import read_metadata
+
+    for entry in tmp_path.glob("*.json"):  # a JSON in place has its whole library (SHA-256)
+        read_metadata(entry)
+    assert not list(tmp_path.glob("*.tmp"))
+    stats = _finish(_start(tmp_path, 1))
+    assert stats["builds"] + stats["disk_hits"] == 2
