@@ -76,3 +76,32 @@ def test_builds_killed_at_any_moment_leave_nothing_loaded(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))
     stats = _finish(_start(tmp_path, 1))
     assert stats["builds"] + stats["disk_hits"] == 2
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_non_finite_inputs_give_the_documented_results(bad):
+    """An Inf or NaN in grad_output and input: every output PyTorch gives non-finite is
+    non-finite here too (an Inf may come out NaN); the input gradient's Winograd tiles (F(4,3)
+    along W on CPUs) also make the other columns of a tile that reads it non-finite, nothing
+    beyond: at most 3 columns from one PyTorch's is non-finite. Finite elsewhere."""
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    from tbe_like import ops
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 16, 3, 6, 12)).astype(np.float32)
+    w = rng.standard_normal((16, 16, 3, 3, 3)).astype(np.float32)
+    go = rng.standard_normal((1, 16, 3, 6, 12)).astype(np.float32)
+    go[0, 0, 1, 2, 5] = x[0, 3, 2, 4, 7] = bad
+    got = ops.convolution_backward(go, x, w, bias_sizes=None, stride=1, padding=1, dilation=1,
+                                   output_mask=(True, True, False))
+    want = torch.ops.aten.convolution_backward(
+        *(torch.from_numpy(a) for a in (go, x, w)), None, [1] * 3, [1] * 3, [1] * 3, False,
+        [0] * 3, 1, [True, True, False])
+    for g, e in zip(got[:2], want[:2], strict=True):
+        theirs, ours = ~np.isfinite(e.numpy()), ~np.isfinite(g)
+        assert theirs.any() and np.all(ours[theirs])
+        for *lead, col in zip(*np.nonzero(ours & ~theirs), strict=True):
+            row = theirs[tuple(lead)]
+            assert row[max(0, col - 3):col + 4].any(), (lead, col)
