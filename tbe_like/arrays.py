@@ -148,15 +148,16 @@ def _contiguous(array: Any) -> Any:
     return copy
 
 
-def kernel_arg(array: Any, view: View, alignment: int) -> tuple[Any, bool]:
-    """``(argument for the kernel's packed function, copied?)``: the array itself when the
-    kernel can read it in place, else a contiguous, aligned copy. ``alignment``: the bytes the
-    kernel assumes of the address (0: one element)."""
-    copied = False
+def kernel_arg(array: Any, view: View, alignment: int) -> tuple[Any, Any]:
+    """``(argument for the kernel's packed function, the copy or None)``: the array itself
+    when the kernel can read it in place, else a contiguous, aligned copy (returned too, in
+    the array's library, to copy a result back from). ``alignment``: the bytes the kernel
+    assumes of the address (0: one element)."""
     need = max(alignment, numpy_dtype(view.dtype).itemsize)
-    if not (view.contiguous and view.exportable and view.pointer % need == 0):
-        array, copied = _contiguous(array), True
-    return exported(array), copied
+    if view.contiguous and view.exportable and view.pointer % need == 0:
+        return exported(array), None
+    copy = _contiguous(array)
+    return exported(copy), copy
 
 
 def exported(array: Any) -> Any:

@@ -146,12 +146,13 @@ class Kernel:
         return args, views
 
     def _outs(self, like: Any, out: Any, in_views: list[arrays.View]):
-        """``(arrays returned, arguments written)``: new arrays of ``like``'s library, or the
-        ``out=`` arrays (through a fresh array where one cannot be written in place)."""
+        """``(arrays returned, [(array, its argument, a copy to write back or None)])``: new
+        arrays of ``like``'s library, or the ``out=`` arrays (through a copy where one cannot
+        be written in place)."""
         if out is None:
             made = [self._spares.empty(i, like, t.shape, t.dtype, self.alignment)
                     for i, t in enumerate(self.outputs)]
-            return made, [arrays.exported(a) for a in made]
+            return made, [(a, arrays.exported(a), None) for a in made]
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         if len(outs) != len(self.outputs):
             raise TypeError(f"kernel {self.name}: out must hold {len(self.outputs)} array(s), "
@@ -162,8 +163,7 @@ class Kernel:
             if any(arrays.overlaps(view, v) for v in in_views):
                 raise ValueError(f"kernel {self.name}: out {spec.name!r} overlaps an input; "
                                  "the kernel reads its inputs while it writes")
-            arg, copied = arrays.kernel_arg(o, view, self.alignment)
-            written.append((o, arg, copied))
+            written.append((o, *arrays.kernel_arg(o, view, self.alignment)))
         return outs, written
 
     def __call__(self, *inputs: Any, out: Any = None) -> Any:
@@ -177,13 +177,10 @@ class Kernel:
         self._device()
         args, views = self._args(inputs)
         results, written = self._outs(inputs[0], out, views)
-        if out is None:
-            self._func(*args, *written)
-        else:
-            self._func(*args, *(arg for _, arg, _ in written))
-            for target, arg, copied in written:
-                if copied:
-                    arrays.copy_into(target, arg)
+        self._func(*args, *(arg for _, arg, _ in written))
+        for target, _, copy in written:
+            if copy is not None:
+                arrays.copy_into(target, copy)
         return results[0] if len(results) == 1 else tuple(results)
 
     def runner(self, *inputs: Any):
