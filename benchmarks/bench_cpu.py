@@ -105,6 +105,14 @@ PATCH = [
     Shape("patch-3d-2x16x16-768", 2, 3, (8, 112, 112), 768, (2, 16, 16), (2, 16, 16), 0,
           fitted=False),
 ]
+# The kinds of layer issue 26 found slow (shapes of real video networks, not the suite's).
+KINDS = [
+    Shape("stem-c3-k377-s122", 2, 3, (8, 112, 112), 64, (3, 7, 7), (1, 2, 2), 0,
+          fitted=False),
+    Shape("temporal-k311", 2, 64, (8, 28, 28), 64, (3, 1, 1), 1, 0, fitted=False),
+    Shape("late-c256-7x7", 2, 256, (4, 7, 7), 256, (3, 3, 3), 1, 1, fitted=False),
+    Shape("pointwise-128-64", 4, 128, (8, 28, 28), 64, (1, 1, 1), 1, 0, fitted=False),
+]
 QUICK = [Shape("quick", 2, 32, (8, 28, 28), 32, (3, 3, 3), 1, 1)]
 
 
@@ -431,7 +439,8 @@ def main(argv=None) -> int:
 
     threads = cpu_count()
     torch.set_num_threads(threads)
-    shapes = QUICK if args.quick else SUITE + ([] if args.fitted_only else WIDENED + PATCH)
+    shapes = QUICK if args.quick else SUITE + ([] if args.fitted_only else
+                                               WIDENED + PATCH + KINDS)
     if args.only:
         shapes = [s for s in shapes if s.name in args.only]
     host = host_description()
