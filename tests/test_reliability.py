@@ -105,3 +105,27 @@ def test_non_finite_inputs_give_the_documented_results(bad):
         for *lead, col in zip(*np.nonzero(ours & ~theirs), strict=True):
             row = theirs[tuple(lead)]
             assert row[max(0, col - 3):col + 4].any(), (lead, col)
+
+
+@pytest.mark.slow
+def test_a_records_folder_written_by_two_processes_at_once_stays_readable(tmp_path):
+    """Measured selection stores a record per kernel it builds: two processes doing so into
+    one records folder at once leave every line whole and every record readable."""
+    def start(seed):
+        env = {**os.environ, "TBE_LIKE_CACHE_DIR": str(tmp_path), "TBE_LIKE_MEASURE": "1"}
+        code = CHILD.replace("(2, 8, 5, 9, 11)", f"(2, 8, 5, 9, {11 + seed})").replace(
+            "(2, 12, 3, 5, 6)", f"(2, 12, 3, 5, {6 + (seed + 1) // 2})")
+        return subprocess.Popen([sys.executable, "-c", code, str(seed)], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    # W 11 -> Wo 6 and W 13 -> Wo 7 (stride 2, pad 1, k 3): four distinct kernels.
+    children = [start(seed) for seed in (0, 2)]
+    assert all(_finish(child)["builds"] == 2 for child in children)
+    records = tmp_path / "records"
+    for name in ("database_workload.json", "database_tuning_record.json"):
+        lines = (records / name).read_text().splitlines()
+        assert len(lines) == 4 and all(json.loads(line) for line in lines), name
+    from tvm.s_tir import meta_schedule as ms
+
+    db = ms.database.JSONDatabase(work_dir=str(records), allow_missing=False)
+    assert len(db.get_all_tuning_records()) == 4
