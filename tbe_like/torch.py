@@ -13,13 +13,13 @@ Needs PyTorch (the ``torch`` extra): ``pip install -e ".[torch]"``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import lru_cache
 from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 
 from . import ops
+from .ops import memo
 
 _FORWARD = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 
@@ -32,15 +32,17 @@ def _arch_of(t: torch.Tensor) -> str | None:
     return f"sm_{major}{minor}"
 
 
-@lru_cache(maxsize=256)
 def _executor(go_shape, x_shape, w_shape, dtype, stride, padding, dilation, groups, mask,
               arch):
-    """The prepared operator for one set of shapes (validation and the cache lookup once)."""
+    """The prepared operator for one set of shapes (validation and the cache lookup once per
+    process, as ``ops.convolution_backward`` keeps its own: ``ops.memo``)."""
+    key = ("tbe_like.torch", go_shape, x_shape, w_shape, dtype, stride, padding, dilation,
+           groups, mask, arch)
     specs = [SimpleNamespace(shape=s, dtype=dtype) for s in (go_shape, x_shape, w_shape)]
-    return ops.prepare_convolution_backward(
+    return memo.prepared(key, lambda: ops.prepare_convolution_backward(
         *specs, bias_sizes=None, stride=list(stride), padding=list(padding),
         dilation=list(dilation), groups=groups, output_mask=mask,
-        target=None if arch is None else {"kind": "cuda", "arch": arch})
+        target=None if arch is None else {"kind": "cuda", "arch": arch}))
 
 
 @torch.library.custom_op("tbe_like::conv", mutates_args=())
