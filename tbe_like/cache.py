@@ -165,13 +165,15 @@ def cache_key(op: str, fields: Mapping[str, Any], target_json: Mapping[str, Any]
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """An exclusive lock between processes (and between threads: each opens its own file)."""
+def file_lock(path: Path, shared: bool = False) -> Iterator[None]:
+    """An exclusive (or ``shared``) lock between processes, and between threads: each opens
+    its own file. Not reentrant: a second lock of the same file in one thread waits for
+    the first."""
     if fcntl is None:  # pragma: no cover - Windows
         yield
         return
     with open(path, "a+b") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        fcntl.flock(f.fileno(), fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
         try:
             yield
         finally:
@@ -248,7 +250,7 @@ class KernelCache:
             kernel = self._load(directory, name)
             built = False
             if kernel is None:
-                with _file_lock(directory / f".{name}.lock"):
+                with file_lock(directory / f".{name}.lock"):
                     kernel = self._load(directory, name)  # another process may have built it
                     if kernel is None:
                         kernel, built = self._build(directory, name, build), True

@@ -14,6 +14,7 @@ the untuned template.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -42,6 +43,7 @@ MEASURE_ROUNDS = 5
 MEASURE_CUTOFF = 1.25
 SHIPPED_RECORDS = Path(__file__).resolve().parent / "records"
 RECORD_FILES = ("database_workload.json", "database_tuning_record.json")
+RECORDS_LOCK = ".tbe_like_records.lock"  # in a records folder: see _records_lock
 
 
 def _ms():
@@ -87,11 +89,32 @@ def _same(record, mod: IRModule, key: tuple[str, ...]) -> bool:
     return _tuned_for(record, key) and structural_equal(record.workload.mod, mod)
 
 
-def _open_records(folder: str | os.PathLike):
-    """The records database in ``folder``, or ``None`` when it holds none."""
+def _records_lock(folder: str | os.PathLike, shared: bool = False):
+    """The lock of a records folder: held exclusively to write records, shared to read them.
+
+    MetaSchedule's JSON database reads its two files when opened and then appends to them,
+    a record naming its workload by line number: two processes appending at once gave a
+    record the number of another process's workload, and a reader between a workload's line
+    and its record's failed (``workload_index < workloads.size()``). Only ``keep_record`` and
+    ``replace_record`` write, under this lock; ``_open_records`` reads under it.
+    """
+    from .cache import file_lock
+
+    folder = Path(folder)
+    if shared and (not folder.is_dir() or folder.resolve() == SHIPPED_RECORDS
+                   or not os.access(folder, os.W_OK)):
+        return contextlib.nullcontext()  # nothing there, or a folder no one writes at run time
+    folder.mkdir(parents=True, exist_ok=True)
+    return file_lock(folder / RECORDS_LOCK, shared=shared)
+
+
+def _open_records(folder: str | os.PathLike, locked: bool = False):
+    """The records database in ``folder``, or ``None`` when it holds none (``locked``: the
+    caller holds the folder's lock already)."""
     if not (Path(folder) / RECORD_FILES[1]).is_file():
         return None
-    return _ms().database.JSONDatabase(work_dir=str(folder), allow_missing=False)
+    with contextlib.nullcontext() if locked else _records_lock(folder, shared=True):
+        return _ms().database.JSONDatabase(work_dir=str(folder), allow_missing=False)
 
 
 def _best_record(db, mod: IRModule, target: Target):
@@ -266,7 +289,14 @@ def records_generation() -> int:
 def keep_record(records: str | os.PathLike, record, mod: IRModule, run_secs=None,
                 target: Target | None = None) -> None:
     """Copy a tuning ``record`` of workload ``mod`` into the database in ``records`` (created),
-    with other measured ``run_secs`` or ``target`` when given."""
+    with other measured ``run_secs`` or ``target`` when given (under the folder's lock)."""
+    with _records_lock(records):
+        _append_record(records, record, mod, run_secs, target)
+
+
+def _append_record(records: str | os.PathLike, record, mod: IRModule, run_secs=None,
+                   target: Target | None = None) -> None:
+    """``keep_record`` for a caller that holds the folder's lock (or owns the folder)."""
     _GENERATION[0] += 1
     ms = _ms()
     Path(records).mkdir(parents=True, exist_ok=True)
@@ -282,22 +312,27 @@ def replace_record(records: str | os.PathLike, mod: IRModule, target: Target, re
     """Make ``record`` (measured at ``run_secs``) the only record of workload ``mod`` for
     ``target`` in ``records``; ``None`` removes that workload's records for ``target``. Records
     of other workloads and targets stay; files that lose a record are kept as ``*.previous``."""
+    records = Path(records)
+    with _records_lock(records):
+        _replace_record(records, mod, target, record, run_secs)
+
+
+def _replace_record(records: Path, mod: IRModule, target: Target, record, run_secs) -> None:
     import shutil
 
-    records = Path(records)
-    db = _open_records(records)
+    db = _open_records(records, locked=True)
     old = [] if db is None else list(db.get_all_tuning_records())
     key = target_key(target)
     kept = [r for r in old if not _same(r, mod, key)]
     if len(kept) == len(old):  # nothing to remove: append
         if record is not None:
-            keep_record(records, record, mod, run_secs, target)
+            _append_record(records, record, mod, run_secs, target)
         return
     with tempfile.TemporaryDirectory(prefix="tbe_like_records_") as tmp:
         for r in kept:
-            keep_record(tmp, r, r.workload.mod)
+            _append_record(tmp, r, r.workload.mod)
         if record is not None:
-            keep_record(tmp, record, mod, run_secs, target)
+            _append_record(tmp, record, mod, run_secs, target)
         for name in RECORD_FILES:
             if (records / name).is_file():
                 os.replace(records / name, records / (name + ".previous"))
