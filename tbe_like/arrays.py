@@ -38,9 +38,9 @@ import numpy as np
 
 from ._tvm import from_dlpack, tvm_runtime
 
-# DLPack device types (dlpack.h): the two a kernel runs on.
+# DLPack device types (dlpack.h): the two a kernel runs on, by target kind.
 _DL_CPU, _DL_CUDA = 1, 2
-DEVICE_TYPES = {"llvm": (_DL_CPU,), "cuda": (_DL_CUDA,)}
+DEVICE_TYPES = {"llvm": _DL_CPU, "cuda": _DL_CUDA}
 # The alignment of the copies this module makes: the most any kernel assumes (TVM's default).
 COPY_ALIGNMENT = 64
 NUMPY_ALIGNMENT = 16  # what NumPy's allocator guarantees (glibc malloc)

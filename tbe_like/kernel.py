@@ -125,11 +125,12 @@ class Kernel:
         if view.dtype != spec.dtype:
             raise ValueError(f"kernel {self.name}: {role} {spec.name!r} must have dtype "
                              f"{spec.dtype}, got {view.dtype}")
-        if view.device not in arrays.DEVICE_TYPES[self.target_kind]:
+        device = arrays.DEVICE_TYPES[self.target_kind]
+        if view.device != device:
             raise ValueError(f"kernel {self.name}: {role} {spec.name!r} must be on the "
                              f"{self.target_kind} kernel's device "
-                             f"({arrays.device_name(arrays.DEVICE_TYPES[self.target_kind][0])}),"
-                             f" got {arrays.device_name(view.device)}")
+                             f"({arrays.device_name(device)}), got "
+                             f"{arrays.device_name(view.device)}")
         return view
 
     def _args(self, inputs: Sequence[Any]) -> tuple[list[Any], list[arrays.View]]:
@@ -174,7 +175,7 @@ class Kernel:
         default new arrays of the first input's library (NumPy in, NumPy out; torch in, torch
         out, on the same device).
         """
-        self._device()
+        self._device()  # a CUDA kernel where no GPU is: KernelLoadError before any check
         args, views = self._args(inputs)
         results, written = self._outs(inputs[0], out, views)
         self._func(*args, *(arg for _, arg, _ in written))

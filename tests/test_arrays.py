@@ -343,3 +343,13 @@ def test_the_cuda_call_path_allocates_no_host_buffer(kernel, monkeypatch):
     result = cuda(*inputs)
     assert result is made[0] and len(made) == 1
     assert calls == [(*inputs, made[0])]
+
+
+def test_an_array_on_another_device_is_refused(kernel, data):
+    x, dy, _ = data
+    on_gpu = _FakeCudaTensor(x.shape, 1 << 20)
+    on_gpu.dtype = type("FakeFloat32", (), {"__module__": "torch.fake",
+                                             "__str__": lambda self: "torch.float32"})()
+    with pytest.raises(ValueError, match=r"^kernel arrays_small: input 'x' must be on the llvm "
+                                         r"kernel's device \(cpu\), got cuda$"):
+        kernel(on_gpu, dy)
