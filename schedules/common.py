@@ -85,12 +85,12 @@ def block_names(sch) -> list[str]:
     return [sch.get(block).name_hint for block in sch.get_child_blocks(root)]
 
 
-def flatten_init(sch, init, lanes: int) -> None:
+def flatten_init(sch, init, lanes: int, outer: int = 1) -> None:
     """A reduction's zeroing block (``decompose_reduction``'s result) as one flat loop under its
-    parallel loop, vectorized by ``lanes``: as a nest of small constant loops LLVM may unroll
-    it completely (2352 stores for a 7-tile, 28-row F(4,3) input gradient: 5 s of code
-    generation)."""
-    _, inner = sch.split(sch.fuse(*sch.get_loops(init)[1:]), [None, lanes])
+    ``outer`` loops (the parallel one), vectorized by ``lanes``: as a nest of small constant
+    loops LLVM may unroll it completely (2352 stores for a 7-tile, 28-row F(4,3) input
+    gradient: 5 s of code generation)."""
+    _, inner = sch.split(sch.fuse(*sch.get_loops(init)[outer:]), [None, lanes])
     sch.vectorize(inner)
 
 

@@ -64,6 +64,9 @@ WEIGHT_TILES = {
     "tile-1x1": dw_rule.Knobs(co_par=1, co_tile=1, kw_tile=1),
     "tile-co2-all-columns": "all-columns",
     "split-k-3": dw_rule.Knobs(co_par=1, co_tile=1, kw_tile=1, k_par=3),  # need not divide
+    # The whole reduction inside the tile (inner=2), or (n) outside it (inner=1).
+    "inner-2": "inner-2",
+    "inner-1": "inner-1",
 }
 INPUT_TILES = {
     "w1": dx_rule.Knobs(w_tile=1),
@@ -71,6 +74,8 @@ INPUT_TILES = {
     "w5-tail-no-unroll": dx_rule.Knobs(w_tile=5, co_unroll=1),
     "w16": dx_rule.Knobs(w_tile=16),
     "h2-w2": dx_rule.Knobs(w_tile=2, h_tile=2, co_chunk=4),
+    "cb2-w3-tail": dx_rule.Knobs(w_tile=3, co_chunk=8, cb_tile=2),
+    "cb4-h2-w2": dx_rule.Knobs(w_tile=2, h_tile=2, cb_tile=4),
 }
 
 
@@ -98,6 +103,9 @@ def _knob_sets(kind, graph):
             columns = _weight_columns(graph)
             knobs = dw_rule.Knobs(co_par=1, co_tile=2 if graph.params.geometry.group.cout_g % 2
                                   == 0 else 1, kw_tile=columns)
+        elif knobs in ("inner-1", "inner-2"):  # every row of the map inside the tile
+            knobs = dw_rule.Knobs(co_par=1, co_tile=1, kw_tile=1, ho_tile=_weight_rows(graph),
+                                  inner=int(knobs[-1]))
         sets[name] = knobs
     return sets
 
@@ -106,6 +114,12 @@ def _weight_columns(graph):
     sch = s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)}))
     loops = sch.get_loops(sch.get_sblock(stages.DW_MAD))
     return int(sch.get(loops[4]).extent)
+
+
+def _weight_rows(graph):
+    sch = s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)}))
+    loops = sch.get_loops(sch.get_sblock(stages.DW_MAD))
+    return int(sch.get(loops[9]).extent)
 
 
 def _run(graph, knobs, arrays, seed=None):

@@ -69,6 +69,10 @@ class Knobs:
     # Parallel chunks of the reduction's (n, do) (``rfactor``: each chunk sums into a partial
     # result, then one pass adds the partials). 1: none.
     k_par: int = 1
+    # Reduction loops of (n, do) that run inside the output tiles (0, 1 or 2, innermost
+    # first): a tile then sums ``inner`` more loops' steps between a load and a store of its
+    # accumulators, while the slices of x and dy it reads must stay in cache.
+    inner: int = 0
 
 
 # Reduction steps a register tile takes between a load and a store of its accumulators, at most,
@@ -160,13 +164,17 @@ def schedule(sch, p: BackpropFilterParams, target,
     # every co tile reads them: the point loop goes outside the co tiles.
     middle = (kw_o, co_m) if winograd else (co_m, kw_o)
     split_k = knobs == SAMPLE or k_par > 1
+    inner = 0 if knobs == SAMPLE else knobs.inner
     if split_k:
         k_o, nd = sch.split(sch.fuse(n, do), [k_par, None])
-        reduction_loops = (k_o, nd)
+        reduction_loops, tile_loops = (k_o, nd), ()
     else:
-        reduction_loops = (n, do)
-    sch.reorder(grp, co_p, *reduction_loops, ho_o, kd, ci1, kh, *middle, ho_i, wo, kw_i,
-                co_i, ci0)
+        reduction_loops, tile_loops = (n, do)[:2 - inner], (n, do)[2 - inner:]
+        if inner:  # the whole height inside too (``_check_divides``)
+            tile_loops, ho_o, ho_i = (*tile_loops, ho_o, ho_i), None, None
+    order = [grp, co_p, *reduction_loops, ho_o, kd, ci1, kh, *middle, *tile_loops, ho_i, wo,
+             kw_i, co_i, ci0]
+    sch.reorder(*[loop for loop in order if loop is not None])
     if split_k:
         # The chunk loop becomes a spatial axis of ``dw_mad_rf``; ``mad`` adds the partials.
         mad = sch.rfactor(k_o, 0)
@@ -192,7 +200,8 @@ def schedule(sch, p: BackpropFilterParams, target,
     sch.vectorize(ci0)
     sch.unroll(co_i)
     sch.unroll(kw_i)
-    flatten_init(sch, sch.decompose_reduction(mad, first), int(sch.get(ci0).extent))
+    outer = [sch.get(loop).same_as(sch.get(first)) for loop in sch.get_loops(mad)].index(True)
+    flatten_init(sch, sch.decompose_reduction(mad, first), int(sch.get(ci0).extent), outer)
     fuse_parallel_vectorize(sch, stages.DW_RES, n_parallel=2)
     return sch
 
@@ -209,6 +218,11 @@ def _check_divides(sch, knobs: Knobs, co, kw, ho) -> None:
         if factor < 1 or extent % factor:
             raise ValueError(f"conv3d_backprop_filter: knobs {name} = {factor} must divide "
                              f"its loop of {extent} iterations, got {knobs}")
+    if knobs.inner not in (0, 1, 2) or (knobs.inner and (knobs.k_par > 1 or (
+            knobs.ho_tile or 1) != int(sch.get(ho).extent))):
+        raise ValueError(f"conv3d_backprop_filter: knobs inner must be 0, 1 or 2, and with "
+                         f"inner the tile must hold every row (ho_tile = Ho) without split K, "
+                         f"got {knobs}")
     if knobs.k_par < 1:
         raise ValueError(f"conv3d_backprop_filter: knobs k_par must be at least 1, got {knobs}")
 
