@@ -52,24 +52,52 @@ class Shape:
     cout: int
     kernel: tuple
     stride: int | tuple  # one per spatial axis, or one for all
-    pad: int
-    dilation: int = 1
+    pad: int | tuple  # symmetric, one per spatial axis or one for all
+    dilation: int | tuple = 1
     groups: int = 1
     dtype: str = "float32"
     fitted: bool = True  # in the suite the rules were developed and tuned on
+    network: str = ""  # the network of a --network layer ("" for the named suites)
+
+    def _per_axis(self, value) -> tuple:
+        return value if isinstance(value, tuple) else (value,) * len(self.spatial)
 
     @property
     def strides(self) -> tuple:
-        return (self.stride if isinstance(self.stride, tuple)
-                else (self.stride,) * len(self.spatial))
+        return self._per_axis(self.stride)
+
+    @property
+    def pads(self) -> tuple:
+        return self._per_axis(self.pad)
+
+    @property
+    def dilations(self) -> tuple:
+        return self._per_axis(self.dilation)
 
     def out_spatial(self):
-        return tuple((i + 2 * self.pad - self.dilation * (k - 1) - 1) // s + 1
-                     for i, k, s in zip(self.spatial, self.kernel, self.strides, strict=True))
+        return tuple((i + 2 * p - d * (k - 1) - 1) // s + 1 for i, k, s, p, d in zip(
+            self.spatial, self.kernel, self.strides, self.pads, self.dilations, strict=True))
 
     def flops(self) -> int:
         return (2 * self.n * self.cout * math.prod(self.out_spatial()) * self.cin // self.groups
                 * math.prod(self.kernel))
+
+
+def network_shapes(names) -> list[Shape]:
+    """The layers of shipped networks (``tbe_like.networks``): names of networks, or ``dev`` /
+    ``validation`` for a half. A layer is ``fitted`` when its network is in the dev half."""
+    from tbe_like import networks
+
+    halves = networks.halves()
+    chosen = [n for name in names for n in halves.get(name, [name])]
+    shapes = []
+    for net in map(networks.load, chosen):
+        for layer in net.layers:
+            shapes.append(Shape(f"{net.name}:{layer.name}", layer.n, layer.cin,
+                                tuple(layer.spatial), layer.cout, tuple(layer.kernel),
+                                tuple(layer.stride), tuple(layer.pad), tuple(layer.dilation),
+                                layer.groups, fitted=net.half == "dev", network=net.name))
+    return shapes
 
 
 SUITE = [
@@ -220,8 +248,8 @@ def run(shapes, repeat: int, budget: float, torch_limit: float, threads: int
         w = rng.standard_normal((s.cout, s.cin // s.groups, *s.kernel)).astype(dt)
         go = rng.standard_normal((s.n, s.cout, *s.out_spatial())).astype(dt)
         nd = len(s.spatial)
-        params = dict(stride=list(s.strides), padding=[s.pad] * nd,
-                      dilation=[s.dilation] * nd, transposed=False, output_padding=[0] * nd,
+        params = dict(stride=list(s.strides), padding=list(s.pads),
+                      dilation=list(s.dilations), transposed=False, output_padding=[0] * nd,
                       groups=s.groups)
         tdt = getattr(torch, s.dtype)  # the dtype names are torch's too
         tx = torch.from_numpy(x.astype(np.float32)).to(tdt)
@@ -261,6 +289,8 @@ def run(shapes, repeat: int, budget: float, torch_limit: float, threads: int
                 theirs = statistics.median(t[3] for t in timed)
                 per_round = [t[3] / t[0] for t in timed]
                 ratio = statistics.median(per_round)
+            kernel_ratio = statistics.median(
+                (t[3] if len(t) == 5 else theirs) / t[2] for t in timed)
             ours, ours_torch, alone = (statistics.median(t[i] for t in timed) for i in (0, 1, 2))
             overhead = statistics.median(max(t[0], t[1]) / t[2] for t in timed)
             low, _, high = statistics.quantiles(per_round, n=4, method="inclusive")
@@ -278,7 +308,8 @@ def run(shapes, repeat: int, budget: float, torch_limit: float, threads: int
                          "call_over_kernel": round(overhead, 3),
                          "tbe_like_gflops": round(gf / ours, 1),
                          "torch_gflops": round(gf / theirs, 1),
-                         "ratio": round(ratio, 2), "rounds": len(timed),
+                         "ratio": round(ratio, 2), "kernel_ratio": round(kernel_ratio, 2),
+                         "network": s.network, "rounds": len(timed),
                          "ratio_quartiles": [round(low, 2), round(high, 2)],
                          "peak_gflops": round(peak, 1),
                          "of_peak": round(of_peak, 3), "config": asdict(s),
@@ -313,6 +344,8 @@ def _schedule_of(row: dict) -> str:
     if not selection:
         return "rule"
     choice = selection["choice"]  # "Heuristic(lanes=16, split_k=True)": the fields set
+    if choice.startswith("direct"):  # the form without Winograd, the rule's own knobs
+        return "direct"
     lanes = choice.split("lanes=")[1].split(",")[0].rstrip(")")
     cap = choice.split("accumulators=")[1].rstrip(")") if "accumulators=" in choice else "None"
     return (f"L{lanes}" + ("" if cap == "None" else f"a{cap}")
@@ -352,11 +385,11 @@ def width_rows(shapes, repeat: int, budget: float) -> list[dict]:
     target, out = host_target(), []
     for s in shapes:
         nd = len(s.spatial)
-        pad3 = (0, 0) * (3 - nd) + (s.pad, s.pad) * nd
+        pad3 = (0, 0) * (3 - nd) + tuple(p for p in s.pads for _ in range(2))
         spatial = (1,) * (3 - nd) + tuple(s.spatial)
         conv = kernels.Conv3d(s.n, s.cin, s.cout, spatial, (1,) * (3 - nd) + s.out_spatial(),
                               (1,) * (3 - nd) + tuple(s.kernel), (1,) * (3 - nd) +
-                              s.strides, pad3, (1,) * (3 - nd) + (s.dilation,) * nd,
+                              s.strides, pad3, (1,) * (3 - nd) + s.dilations,
                               s.groups)
         for grad in ("weight", "input"):
             graph = graph_of("grad_" + grad, conv, kernels.Precision(s.dtype, s.dtype))
@@ -403,6 +436,49 @@ def _half_over_single(rows: list[dict], runners: dict, repeat: int, budget: floa
     return out
 
 
+def _geomean(values) -> float:
+    return math.exp(statistics.mean(math.log(v) for v in values))
+
+
+def network_means(rows: list[dict]) -> dict:
+    """Per network and gradient, the geometric mean and the lowest torch/tbe_like ratio of the
+    user's call and of the kernel alone (printed as a table)."""
+    out: dict = {}
+    for r in rows:
+        if r["network"]:
+            out.setdefault(r["network"], {}).setdefault(r["gradient"], []).append(r)
+    if not out:
+        return {}
+    print(f"\n{'network':20} {'half':10} {'layers':>6} {'dW call':>8} {'dW min':>7} "
+          f"{'dW kern':>8} {'dX call':>8} {'dX min':>7} {'dX kern':>8}")
+    table = {}
+    for name, grads in out.items():
+        entry = table[name] = {"half": "dev" if grads["weight"][0]["fitted"] else "validation"}
+        cells = []
+        for grad in ("weight", "input"):
+            calls = [r["ratio"] for r in grads.get(grad, [])]
+            kerns = [r["kernel_ratio"] for r in grads.get(grad, [])]
+            entry[grad] = {"layers": len(calls), "call": round(_geomean(calls), 2),
+                           "lowest_call": min(calls), "kernel": round(_geomean(kerns), 2)}
+            cells += [f"{entry[grad]['call']:8.2f}", f"{min(calls):7.2f}",
+                      f"{entry[grad]['kernel']:8.2f}"]
+        print(f"{name:20} {entry['half']:10} {len(grads['weight']):6} {' '.join(cells)}")
+    for half in ("dev", "validation"):
+        for grad in ("weight", "input"):
+            calls = [r["ratio"] for r in rows if r["network"] and r["gradient"] == grad
+                     and r["fitted"] == (half == "dev")]
+            if calls:
+                kerns = [r["kernel_ratio"] for r in rows if r["network"]
+                         and r["gradient"] == grad and r["fitted"] == (half == "dev")]
+                table.setdefault("halves", {})[f"{half} {grad}"] = {
+                    "call": round(_geomean(calls), 2), "kernel": round(_geomean(kerns), 2),
+                    "lowest_call": min(calls), "layers": len(calls)}
+                print(f"{half} half, {grad} gradient: call {_geomean(calls):.2f}, kernel "
+                      f"{_geomean(kerns):.2f} (geometric means over {len(calls)} layers; "
+                      f"lowest call {min(calls):.2f})")
+    return table
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="one small shape (a smoke run)")
@@ -418,6 +494,9 @@ def main(argv=None) -> int:
                     help="ignore every tuning record (TBE_LIKE_TUNED=0): the default templates")
     ap.add_argument("--fitted-only", action="store_true",
                     help="only the suite the rules were fitted to (not the widened layers)")
+    ap.add_argument("--network", nargs="*",
+                    help="layers of shipped networks instead (tbe_like.networks): names, or "
+                         "dev / validation for a half; per-network geometric means")
     ap.add_argument("--widths", action="store_true",
                     help="also time each kernel's 16-lane tiles against its 8-lane tiles")
     args = ap.parse_args(argv)
@@ -441,6 +520,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(threads)
     shapes = QUICK if args.quick else SUITE + ([] if args.fitted_only else
                                                WIDENED + PATCH + KINDS)
+    if args.network:
+        shapes = network_shapes(args.network)
     if args.only:
         shapes = [s for s in shapes if s.name in args.only]
     host = host_description()
@@ -458,8 +539,8 @@ def main(argv=None) -> int:
           f"(fma_peak; median {statistics.median(peaks):.0f} GFLOP/s, {min(peaks):.0f} to "
           f"{max(peaks):.0f} over the rows). Winograd kernels count the direct form's flops.")
     print("schedule: L8/L16 the 8- or 16-lane heuristic that measured selection chose (a8: at "
-          "most 8 accumulators, +K: split K), record: a stored tuning record, rule: the untimed "
-          "rule; build s includes the selection")
+          "most 8 accumulators, +K: split K), direct: the form without Winograd, record: a "
+          "stored tuning record, rule: the untimed rule; build s includes the selection")
     slowest = sorted(rows, key=lambda r: -r["compile_s"])[:3]
     print("slowest first builds (selection included): " + ", ".join(
         f"{r['shape']} {r['gradient']} {r['compile_s']:.1f} s" for r in slowest))
@@ -480,6 +561,7 @@ def main(argv=None) -> int:
                 summary.setdefault(grad, {})[label] = mean
                 print(f"geometric mean torch/tbe_like, {grad} gradient, {label}: {mean:.2f} "
                       f"(lowest {min(ratios):.2f}, {len(ratios)} layers)")
+    by_network = network_means(rows)
     half = _half_over_single(rows, runners, args.repeat, args.budget)
     for grad, value in half.items():
         print(f"tbe_like float16 time / float32 time, {grad} gradient ({value['shape']}, timed "
@@ -494,6 +576,7 @@ def main(argv=None) -> int:
     with open(args.json, "w") as f:
         json.dump({"host": host, "threads": threads, "torch": torch.__version__,
                    "untuned": args.untuned, "rows": rows, "geomean_ratio": summary,
+                   "networks": by_network,
                    "float16_over_float32": half, "widths": widths}, f, indent=2)
     print(f"wrote {args.json}")
     return 0

@@ -136,14 +136,23 @@ def _replay(record, mod: IRModule):
 
 def lookup(func, target: Target) -> Any | None:
     """The best recorded schedule of ``func`` for ``target`` (:func:`target_key`), or ``None``."""
+    found = _lookup(func, target)
+    return None if found is None else found[0]
+
+
+def _lookup(func, target: Target) -> tuple[Any, tuple[int, float]] | None:
+    """:func:`lookup`'s schedule with its rank: (the records folder's place in
+    :func:`records_dirs`, the record's seconds)."""
     mod = workload(func)
-    for d in records_dirs():
+    for place, d in enumerate(records_dirs()):
         try:
             db = _open_records(d)
             if db is None:
                 continue
             record = _best_record(db, mod, target)
             sch = None if record is None else _replay(record, mod)
+            secs = math.inf if record is None or not record.run_secs else float(
+                min(float(t) for t in record.run_secs))
         except Exception as err:
             # A damaged file, or a record whose trace no longer applies (made by an older
             # template): the build goes on without it, and says so.
@@ -152,7 +161,7 @@ def lookup(func, target: Target) -> Any | None:
                           RuntimeWarning, stacklevel=2)
             continue
         if sch is not None:
-            return sch
+            return sch, (place, secs)
     return None
 
 
@@ -463,15 +472,30 @@ def measuring(target: Target) -> bool:
             and os.environ.get(TUNED_ENV, "1") != "0")
 
 
+@dataclass(frozen=True)
+class Form:
+    """Another way to compute a kernel, with the same parameters (e.g. without Winograd): its
+    unscheduled PrimFunc, how to schedule it (``schedule_with(sch, knobs)``) and the knobs
+    measured selection times for it; ``name`` prefixes their names in a selection."""
+
+    name: str
+    func: Any
+    schedule_with: Callable[[Any, Any], Any]
+    candidates: list
+
+
 def measured_schedule(func, schedule_with: Callable[[Any, Any], Any], candidates: list,
                       target: Target, records: str | os.PathLike | None = None,
-                      symbol: str = "main") -> tuple[Any, Selection | None]:
+                      symbol: str = "main", alternatives: tuple[Form, ...] = ()
+                      ) -> tuple[Any, Selection | None]:
     """Like cuDNN's benchmark mode or FFTW's planner: schedule ``func`` with each knobs value
     in ``candidates`` (``schedule_with(sch, knobs)``), compile the distinct schedules, time
     them here side by side (:func:`_race`, within ``MEASURE_SECONDS``), and store the fastest
     as the tuning record of ``func`` for ``target`` in ``records`` (default: the user's,
     ``<cache dir>/records``), which later builds replay (:func:`lookup`).
 
+    ``alternatives``: other forms of the kernel whose candidates race too; the record is
+    stored under the winner's own workload (its form is then the one :func:`plan` finds).
     Returns the fastest schedule and what was done (``None`` when the candidates give one
     schedule: nothing to time, nothing stored); the candidates are compiled as functions
     named ``symbol``, and the selection keeps the winner's executable.
@@ -482,15 +506,18 @@ def measured_schedule(func, schedule_with: Callable[[Any, Any], Any], candidates
     from ._tvm import s_tir
 
     start = time.perf_counter()
-    mod = workload(func)
-    distinct: dict[int, tuple[str, Any]] = {}
-    for knobs in candidates:
-        sch = schedule_with(s_tir.Schedule(mod), knobs)
-        distinct.setdefault(structural_hash(sch.mod), (str(knobs), sch))
+    distinct: dict[int, tuple[str, Any, Any]] = {}
+    for form in (Form("", func, schedule_with, candidates), *alternatives):
+        mod = workload(form.func)
+        for knobs in form.candidates:
+            sch = form.schedule_with(s_tir.Schedule(mod), knobs)
+            name = str(knobs) if knobs is not None else "rule"
+            name = f"{form.name}: {name}" if form.name else name
+            distinct.setdefault(structural_hash(sch.mod), (name, sch, mod))
     options = list(distinct.values())
     if len(options) == 1:
         return options[0][1], None
-    runners, executables = _runners([sch.mod["main"] for _, sch in options], target, symbol)
+    runners, executables = _runners([sch.mod["main"] for _, sch, _ in options], target, symbol)
     times = [run() for run in runners]
     # Candidates far behind after one call are out; the others race within the budget.
     close = [i for i, t in enumerate(times) if t <= MEASURE_CUTOFF * min(times)]
@@ -500,30 +527,34 @@ def measured_schedule(func, schedule_with: Callable[[Any, Any], Any], candidates
         for i, t in zip(close, raced, strict=True):
             times[i] = min(times[i], t)
     best = min(range(len(options)), key=times.__getitem__)
-    name, sch = options[best]
+    name, sch, mod = options[best]
     ms = _ms()
     record = ms.database.TuningRecord(sch.trace, ms.database.Workload(mod), [times[best]],
                                       target, ArgInfo.from_prim_func(func))
     replace_record(records if records is not None else cache_dir() / "records", mod, target,
                    record, [times[best]])
-    selection = Selection(name, {n: t for (n, _), t in zip(options, times, strict=True)},
+    selection = Selection(name, {n: t for (n, _, _), t in zip(options, times, strict=True)},
                           time.perf_counter() - start, executables[best])
     return sch, selection
 
 
 def plan(func, schedule_with: Callable[[Any, Any], Any], candidates: list, target: Target,
-         symbol: str = "main") -> tuple[Any, str, Selection | None]:
-    """How a build schedules ``func``: the stored record (``"record"``), else on a CPU the
-    fastest of ``candidates`` measured here (``"measured"``, :func:`measured_schedule`), else
-    the rule's default (``"rule"``). Returns the schedule, its origin and the selection."""
+         symbol: str = "main", alternatives: tuple[Form, ...] = ()
+         ) -> tuple[Any, str, Selection | None]:
+    """How a build schedules ``func``: the stored record (``"record"``; of ``func`` or of one
+    of the ``alternatives``, the first records folder's, fastest first), else on a CPU the
+    fastest of ``candidates`` (and of the alternatives') measured here (``"measured"``,
+    :func:`measured_schedule`), else the rule's default (``"rule"``). Returns the schedule,
+    its origin and the selection."""
     from ._tvm import s_tir
 
-    sch = lookup(func, target)
-    if sch is not None:
-        return sch, "record", None
+    found = [f for f in (_lookup(form.func, target) for form in (
+        Form("", func, schedule_with, candidates), *alternatives)) if f is not None]
+    if found:
+        return min(found, key=lambda f: f[1])[0], "record", None
     if measuring(target):
         sch, selection = measured_schedule(func, schedule_with, candidates, target,
-                                           symbol=symbol)
+                                           symbol=symbol, alternatives=alternatives)
         return sch, "rule" if selection is None else "measured", selection
     return schedule_with(s_tir.Schedule(workload(func)), None), "rule", None
 

@@ -257,6 +257,38 @@ def test_measured_selection_stores_the_fastest_candidate(measuring, monkeypatch,
     np.testing.assert_allclose(second(*arrays), first(*arrays), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("kind", ["grad_weight", "grad_input"])
+def test_measured_selection_races_the_direct_form_too(measuring, monkeypatch, kind):
+    """A Winograd kernel's build times the form without Winograd as well; the record is
+    stored under the winner's own workload, and the next build replays that form, computing
+    the same gradient."""
+    from tbe_like.ops.convolution_backward import _direct_form
+
+    target = host_target()
+    conv = kernels.Conv3d(1, 16, 16, (2, 4, 7), (2, 4, 7), (3, 3, 3), (1, 1, 1), (1,) * 6,
+                          (1, 1, 1), 1)
+    prec = kernels.Precision("float32", "float32")
+    graph = graph_of(kind, conv, prec, target=target)
+    assert kernels.uses_winograd(graph)
+    forms = _direct_form(graph, kind, conv, prec, False)
+    assert list(forms) == ["direct"] and not kernels.uses_winograd(forms["direct"])
+    assert _direct_form(forms["direct"], kind, conv, prec, False) == {}
+    first = kernels.build(graph, target, measuring / "k1", "first", graph.op, {},
+                          alternatives=forms)
+    times = first.metadata["para_dict"]["selection"]["times_ms"]
+    assert "direct: rule" in times and len(times) >= 2
+    won_direct = first.metadata["para_dict"]["selection"]["choice"] == "direct: rule"
+    assert (lookup(kernels.prim_func(forms["direct"]), target) is not None) == won_direct
+    assert (lookup(kernels.prim_func(graph), target) is not None) == (not won_direct)
+    second = kernels.build(graph, target, measuring / "k2", "second", graph.op, {},
+                           alternatives=forms)
+    assert second.metadata["para_dict"]["tuned"]
+    rng = np.random.default_rng(6)
+    arrays = [rng.standard_normal([int(v) for v in t.shape]).astype(np.float32)
+              for t in graph.inputs]
+    np.testing.assert_allclose(second(*arrays), first(*arrays), rtol=1e-5, atol=1e-5)
+
+
 def test_measure_0_takes_the_untimed_rule(measuring, monkeypatch):
     monkeypatch.setenv("TBE_LIKE_MEASURE", "0")
     graph = graph_of("grad_weight", CONV, kernels.Precision("float32", "float32"))

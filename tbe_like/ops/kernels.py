@@ -154,6 +154,20 @@ def winograd_on(target: Target) -> bool:
     return str(target.kind.name) == "llvm"
 
 
+def uses_winograd(graph: Graph) -> bool:
+    """Whether a kernel computes through Winograd transforms (one of its stages is one)."""
+    seen, todo = set(), [graph.output]
+    while todo:
+        tensor = todo.pop()
+        if tensor.op.name in (stages.DW_WINO_X, stages.DX_WINO_DY):
+            return True
+        for t in getattr(tensor.op, "input_tensors", []):
+            if t.op.name not in seen:
+                seen.add(t.op.name)
+                todo.append(t)
+    return False
+
+
 def grad_input(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "grad_input"),
                winograd: bool | int = False) -> Graph:
     """dX of ``conv``: ``(dy (N, cout, ...), W (cout, cin/g, k...)) -> (N, cin, ...)``."""
@@ -310,14 +324,23 @@ def schedule(sch, graph: Graph, target: Target, knobs=None):
 
 
 def build(graph: Graph, target: Target, output_dir, kernel_name: str, op: str,
-          para_dict: dict) -> Kernel:
-    """Schedule (the best tuning record, else the rule + layout stages), compile, export."""
+          para_dict: dict, alternatives: dict[str, Graph] | None = None) -> Kernel:
+    """Schedule (the best tuning record, else the rule + layout stages), compile, export.
+
+    ``alternatives``: other forms of the same kernel by name (same inputs and output, e.g.
+    the direct form of a Winograd kernel), whose rule defaults measured selection times
+    too (``tune.plan``)."""
     from ..schedules import candidates
-    from ..tune import plan
+    from ..tune import Form, plan
+
+    def scheduler(g: Graph):
+        return lambda s, knobs: schedule(s, g, target, knobs)
 
     func = prim_func(graph, op)
-    sch, origin, selection = plan(func, lambda s, knobs: schedule(s, graph, target, knobs),
-                                  candidates(graph.op, target), target, symbol=kernel_name)
+    forms = tuple(Form(name, prim_func(g, op), scheduler(g), [None])
+                  for name, g in (alternatives or {}).items())
+    sch, origin, selection = plan(func, scheduler(graph), candidates(graph.op, target), target,
+                                  symbol=kernel_name, alternatives=forms)
     tuned = origin == "record"
     mod = IRModule({"main": sch.mod["main"].with_attr("global_symbol", kernel_name)})
     if selection is not None and selection.executable is not None:
@@ -334,4 +357,5 @@ def build(graph: Graph, target: Target, output_dir, kernel_name: str, op: str,
 
 
 __all__ = ["C0", "Conv3d", "Graph", "Precision", "build", "forward", "grad_input",
-           "grad_weight", "prim_func", "schedule", "stages", "winograd_on", "workspace_bytes"]
+           "grad_weight", "prim_func", "schedule", "stages", "uses_winograd", "winograd_on",
+           "workspace_bytes"]
