@@ -54,8 +54,44 @@ def host_cpu() -> str:
 
 
 def host_target() -> Target:
-    """The LLVM target for this CPU, with every core (MetaSchedule needs ``num-cores``)."""
-    return Target({"kind": "llvm", "mcpu": host_cpu(), "num-cores": cpu_count()})
+    """The LLVM target for this CPU, with every core (MetaSchedule needs ``num-cores``), and
+    ``mattr`` where the CPU's real features differ from its model's (:func:`host_mattr`)."""
+    config = {"kind": "llvm", "mcpu": host_cpu(), "num-cores": cpu_count()}
+    mattr = host_mattr(host_cpu(), host_cpu_flags())
+    if mattr:
+        config["mattr"] = list(mattr)
+    return Target(config)
+
+
+# The vector features kernels use, as the Linux kernel's cpuinfo flags name them -> LLVM's
+# names. LLVM derives a CPU's features from its model (``mcpu``), which a hypervisor may report
+# for a CPU whose features it masks or extends (an Intel host with AVX-512 and AMX was read
+# as ``rocketlake``); the flags are what the CPU (or the hypervisor) says it executes.
+_CPUINFO_TO_LLVM = {
+    "sse4_1": "sse4.1", "sse4_2": "sse4.2", "avx": "avx", "avx2": "avx2", "fma": "fma",
+    "f16c": "f16c", "avx512f": "avx512f", "avx512bw": "avx512bw", "avx512dq": "avx512dq",
+    "avx512vl": "avx512vl", "avx512cd": "avx512cd", "avx512_bf16": "avx512bf16",
+    "avx512_vnni": "avx512vnni", "avx512_fp16": "avx512fp16",
+}
+
+
+@functools.lru_cache(maxsize=8)
+def host_mattr(cpu: str, flags: frozenset[str]) -> tuple[str, ...]:
+    """LLVM ``mattr`` entries that make the model ``cpu``'s vector features those ``flags``
+    name: ``-avx512f`` where the model has a feature the CPU does not report (its code would
+    stop with an illegal instruction), ``+avx2`` where the CPU reports one the model lacks.
+    Empty when they agree, or when there are no flags to read (not Linux): the target is then
+    the model's alone."""
+    if not flags:
+        return ()
+    model = cpu_features(Target({"kind": "llvm", "mcpu": cpu}))
+    changes = []
+    for flag, feature in _CPUINFO_TO_LLVM.items():
+        if feature in model and flag not in flags:
+            changes.append(f"-{feature}")
+        elif flag in flags and feature not in model:
+            changes.append(f"+{feature}")
+    return tuple(changes)
 
 
 def check_cuda_arch(arch: Any) -> str:
@@ -108,7 +144,11 @@ def resolve_target(target: Any = None) -> Target:
                         f"{type(target).__name__}")
     config = dict(target)
     if config.get("kind") == "llvm":
-        config.setdefault("mcpu", host_cpu())
+        if "mcpu" not in config:  # this CPU: its model and its real features
+            config["mcpu"] = host_cpu()
+            mattr = host_mattr(host_cpu(), host_cpu_flags())
+            if mattr and "mattr" not in config:
+                config["mattr"] = list(mattr)
         config.setdefault("num-cores", cpu_count())
     elif config.get("kind") == "cuda":
         check_cuda_arch(config.setdefault("arch", CUDA_DEFAULT_ARCH))
@@ -143,6 +183,7 @@ def vector_lanes(target: Target, bits: int = 32) -> int:
     return 1
 
 
+@functools.lru_cache(maxsize=1)
 def host_cpu_flags() -> frozenset[str]:
     """The feature flags of this machine's CPU as the kernel reports them (Linux)."""
     try:

@@ -1,0 +1,79 @@
+"""The host target: LLVM's CPU model, corrected by the features the CPU reports."""
+
+from __future__ import annotations
+
+import pytest
+
+from tbe_like._tvm import IRModule, Target, s_tir
+from tbe_like.bounds import compile_checked
+from tbe_like.ops import kernels
+from tbe_like.target import (
+    cpu_features,
+    host_cpu,
+    host_cpu_flags,
+    host_mattr,
+    host_target,
+    resolve_target,
+    vector_lanes,
+)
+
+# cpuinfo flag -> LLVM feature, for the flags a test builds by hand.
+_FLAGS = {"avx2": "avx2", "fma": "fma", "avx512f": "avx512f", "avx512bw": "avx512bw",
+          "avx512dq": "avx512dq", "avx512vl": "avx512vl", "avx512cd": "avx512cd",
+          "avx512_bf16": "avx512bf16", "avx512_vnni": "avx512vnni", "sse4_1": "sse4.1",
+          "sse4_2": "sse4.2", "avx": "avx", "f16c": "f16c", "avx512_fp16": "avx512fp16"}
+
+
+def _flags_of(cpu: str) -> frozenset[str]:
+    """The cpuinfo flags of a CPU whose features are exactly its model's."""
+    model = cpu_features(Target({"kind": "llvm", "mcpu": cpu}))
+    return frozenset(flag for flag, feature in _FLAGS.items() if feature in model)
+
+
+def test_a_cpu_that_reports_its_models_features_needs_no_mattr():
+    for cpu in ("znver3", "znver4", "sapphirerapids", host_cpu()):
+        assert host_mattr(cpu, _flags_of(cpu)) == ()
+    assert host_mattr("znver4", frozenset()) == ()  # no flags to read: the model alone
+
+
+def test_features_the_cpu_lacks_are_switched_off():
+    """A model with AVX-512 on a CPU (or hypervisor) that does not report it: no zmm code."""
+    flags = _flags_of("sapphirerapids") - {"avx512f", "avx512bw", "avx512dq", "avx512vl",
+                                            "avx512cd", "avx512_bf16", "avx512_vnni",
+                                            "avx512_fp16"}
+    mattr = host_mattr("sapphirerapids", flags)
+    assert "-avx512f" in mattr and not any(m.startswith("+") for m in mattr)
+    target = Target({"kind": "llvm", "mcpu": "sapphirerapids", "mattr": list(mattr),
+                     "num-cores": 1})
+    assert "avx512f" not in cpu_features(target) and vector_lanes(target) == 8
+
+
+def test_features_the_model_lacks_are_switched_on():
+    mattr = host_mattr("x86-64", frozenset({"sse4_1", "sse4_2", "avx", "avx2", "fma"}))
+    assert {"+avx2", "+fma"} <= set(mattr)
+    target = Target({"kind": "llvm", "mcpu": "x86-64", "mattr": list(mattr), "num-cores": 1})
+    assert vector_lanes(target) == 8
+
+
+def test_the_host_target_is_its_cpus_model_corrected_by_its_flags():
+    target = host_target()
+    assert str(target.attrs["mcpu"]) == host_cpu()
+    mattr = host_mattr(host_cpu(), host_cpu_flags())
+    assert list(target.attrs.get("mattr", [])) == list(mattr)
+    assert str(resolve_target("llvm")) == str(target)
+
+
+@pytest.mark.parametrize("cpu", ["sapphirerapids", "znver4"])
+def test_kernels_for_a_cpu_without_avx512_have_no_zmm_code(cpu):
+    """What a hypervisor that masks AVX-512 gets: the rules size their tiles for 8 lanes and
+    LLVM emits no 512-bit instruction."""
+    flags = frozenset(f for f in _flags_of(cpu) if not f.startswith("avx512"))
+    target = Target({"kind": "llvm", "mcpu": cpu, "mattr": list(host_mattr(cpu, flags)),
+                     "num-cores": 2})
+    conv = kernels.Conv3d(1, 16, 16, (2, 4, 6), (2, 4, 6), (3, 3, 3), (1, 1, 1), (1,) * 6,
+                          (1, 1, 1), 1)
+    graph = kernels.grad_weight(conv, kernels.Precision("float32", "float32"))
+    sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})),
+                           graph, target)
+    asm = compile_checked(sch.mod, target).mod.inspect_source("asm")
+    assert "ymm" in asm and "zmm" not in asm
