@@ -178,11 +178,13 @@ def unpack_6hd(res: te.Tensor, channels: int, width: int, dtype: str, tensor: st
 
 
 def unpack_filter_gradient(res: te.Tensor, shape: Sequence[int], index: Callable, dtype: str,
-                           group: GroupInfo, kernel: Sequence[int], tensor: str) -> te.Tensor:
+                           group: GroupInfo, kernel: Sequence[int], tensor: str,
+                           live: Callable | None = None) -> te.Tensor:
     """The weight gradient's ``(real_g, kd*cin1_g*kh*kw, cout_g, C0)`` into a user layout.
 
     ``index(*out)`` maps an output position of ``shape`` to ``(co, ci, a, b, c)`` of the filter
-    seen as ``(Cout, Cin/groups, kd, kh, kw)``.
+    seen as ``(Cout, Cin/groups, kd, kh, kw)``; ``live(*out)``, when given, says which output
+    positions the result holds (the others are zero: taps that read only padding).
     """
     g = group
     _, kh, kw = kernel
@@ -195,7 +197,9 @@ def unpack_filter_gradient(res: te.Tensor, shape: Sequence[int], index: Callable
         grp, sub = orig // g.mag_factor, orig % g.mag_factor
         ci_m, co_m = sub * cin_pg + ci, sub * cout_pg + co % cout_pg
         row = ((a * g.cin1_g + ci_m // c0) * kh + b) * kw + c
-        return res[grp, row, co_m, ci_m % c0].astype(dtype)
+        value = res[grp, row, co_m, ci_m % c0].astype(dtype)
+        return value if live is None else tirx.if_then_else(live(*out), value,
+                                                            tirx.const(0, dtype))
 
     return te.compute(tuple(shape), body, name=_out_name(tensor),
                       tag=stages.tag("layout", "unpack_filter_gradient"))

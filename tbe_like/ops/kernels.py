@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, field
 
 from .. import compute, stages
-from .._tvm import IRModule, Target, te, tvm
+from .._tvm import IRModule, Target, te, tirx, tvm
 from ..bounds import assert_int32_indexable, compile_checked
 from ..compute import layout as lt
 from ..compute.conv3d_backprop_input import conv3d_forward, result_periods
@@ -174,10 +174,11 @@ def grad_input(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "g
     dy = _placeholder(conv.y_shape, names[0], prec.dtype)
     w = _placeholder(conv.w_shape, names[1], prec.dtype)
     convert, cd = prec.convert(), prec.core_dtype
+    (ta, tb, tc), conv = live_taps(conv) or ((0, 0, 0), conv)  # the live taps' convolution
     group = group_info(conv.cin, conv.cout, conv.groups, cin0=C0)
     dy6 = lt.pack_6hd(dy, False, C0, cd, convert, names[0])
-    w6 = lt.pack_fractal_z_3d(lambda co, ci, a, b, c: convert(w[co, ci, a, b, c]), cd, group,
-                              conv.kernel, C0, names[1])
+    w6 = lt.pack_fractal_z_3d(lambda co, ci, a, b, c: convert(w[co, ci, a + ta, b + tb, c + tc]),
+                              cd, group, conv.kernel, C0, names[1])
     p = BackpropInputParams(
         _geometry(conv, group, conv.batch, conv.in_spatial, conv.out_spatial),
         tuple(int(s) for s in w6.shape), tuple(int(s) for s in dy6.shape),
@@ -235,6 +236,10 @@ def grad_weight(conv: Conv3d, prec: Precision, names=("input", "grad_output", "g
     x = _placeholder(nd(x_shape), names[0], prec.dtype)
     dy = _placeholder(nd(conv.y_shape), names[1], prec.dtype)
     convert, cd = prec.convert(), prec.core_dtype
+    trim = live_taps(conv) if out_layout is None else None
+    full, (ta, tb, tc) = conv.w_shape, (0, 0, 0)
+    if trim is not None:
+        (ta, tb, tc), conv = trim
     fold = width_fold(conv)
     core = conv if fold is None else folded_conv(conv, fold)
     group = group_info(core.cin, core.cout, core.groups, cin0=C0)
@@ -249,8 +254,14 @@ def grad_weight(conv: Conv3d, prec: Precision, names=("input", "grad_output", "g
         tuple(int(s) for s in x6.shape), tuple(int(s) for s in dy6.shape), cd, ACC_DTYPE,
         names[2], {})
     res = compute.conv3d_backprop_filter(x6, dy6, p, winograd=winograd)
+    live = None
     if out_layout is None:
-        shape, index, layout = conv.w_shape, (lambda *i: i), "NCDHW"
+        shape, index, layout = full, (lambda co, ci, a, b, c: (co, ci, a - ta, b - tb, c - tc)), \
+            "NCDHW"
+        if trim is not None:
+            def live(co, ci, a, b, c):
+                return tirx.all(ta <= a, a < ta + conv.kernel[0], tb <= b,
+                                b < tb + conv.kernel[1], tc <= c, c < tc + conv.kernel[2])
     else:
         shape, index, layout = out_layout
     if fold is not None:  # tap c of channel ci is channel ci*taps + c of the folded core
@@ -259,9 +270,46 @@ def grad_weight(conv: Conv3d, prec: Precision, names=("input", "grad_output", "g
             return co, ci * fold.taps + c, a, b, 0
 
     out = lt.unpack_filter_gradient(res, shape, index, prec.dtype, group, core.kernel,
-                                    names[2])
+                                    names[2], live)
     in_layout = "NDHWC" if channels_last else "NCDHW"
     return Graph(FILTER_OP, p, [x, dy], out, [in_layout, in_layout, layout])
+
+
+def live_taps(conv: Conv3d) -> tuple[tuple[int, int, int], Conv3d] | None:
+    """The taps that read some input, as ``(first live tap per axis, the convolution of the
+    live taps alone)``, or None when every tap is live.
+
+    On small maps with large padding most taps read only padding: a 1x1x1 map under a
+    5x5x5 kernel with padding 2 uses its centre tap alone, and a 4x4 map of one frame
+    under a 3x3x3 kernel its middle depth tap. Their gradient is zero and they add
+    nothing to dX; the kernels compute the live taps' convolution (same output), reading the
+    filter at an offset, and write zeros for the dead taps of dW. A tap ``a`` is live when
+    some output ``o`` reads input ``o*s - pad + a*d`` inside the map. Per axis the first
+    live tap is kept at most ``pad // d`` (the trimmed padding stays >= 0) and the back
+    padding is what keeps the output size.
+    """
+    starts, kernel, pads = [], [], []
+    for i in range(3):
+        size, k, s, d = conv.in_spatial[i], conv.kernel[i], conv.strides[i], conv.dilations[i]
+        front, out = conv.pads[2 * i], conv.out_spatial[i]
+        live = [a for a in range(k)
+                if any(0 <= o * s - front + a * d < size for o in range(out))]
+        if not live:
+            return None  # no tap reads the map: left as it is (an all-zero result)
+        first = min(live[0], front // d)
+        for last in range(live[-1], k):
+            taps, new_front = last - first + 1, front - first * d
+            back = max(0, (out - 1) * s + d * (taps - 1) + 1 - size - new_front)
+            if (size + new_front + back - d * (taps - 1) - 1) // s + 1 == out:
+                break
+        else:  # pragma: no cover - the whole kernel always keeps the output size
+            first, taps, new_front, back = 0, k, front, conv.pads[2 * i + 1]
+        starts.append(first)
+        kernel.append(taps)
+        pads += [new_front, back]
+    if tuple(kernel) == conv.kernel:
+        return None
+    return tuple(starts), dataclasses.replace(conv, kernel=tuple(kernel), pads=tuple(pads))
 
 
 def width_fold(conv: Conv3d) -> lt.WidthFold | None:
@@ -319,7 +367,8 @@ def schedule(sch, graph: Graph, target: Target, knobs=None):
 
     sch = schedules.apply_schedule(sch, graph.op, graph.params, target, knobs)
     if str(target.kind.name) == "llvm":
-        schedule_layout_stages(sch, target, graph.row_periods)
+        schedule_layout_stages(sch, target, graph.row_periods,
+                               filter_gradient=graph.op == FILTER_OP)
     return sch
 
 
