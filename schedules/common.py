@@ -58,8 +58,18 @@ def vectorize(sch, loop) -> None:
     sch.vectorize(loop)
 
 
-def fuse_parallel_vectorize(sch, block_name: str, n_parallel: int):
-    """Fuse the outer ``n_parallel`` loops of a block into one parallel loop; vectorize the last.
+def parallel(sch, loops, target):
+    """Fuse ``loops`` into one loop and run it in parallel, unless ``target`` has one core
+    (:func:`num_threads`): a kernel made for one core starts no thread at all."""
+    loop = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    if num_threads(target) > 1:
+        sch.parallel(loop)
+    return loop
+
+
+def fuse_parallel_vectorize(sch, block_name: str, n_parallel: int, target):
+    """Fuse the outer ``n_parallel`` loops of a block into one parallel loop (:func:`parallel`);
+    vectorize the last.
 
     Meant for the cheap elementwise layout stages (padding, packing, masking) whose last axis is
     the C0 channel block.
@@ -68,7 +78,7 @@ def fuse_parallel_vectorize(sch, block_name: str, n_parallel: int):
     loops = sch.get_loops(block)
     n_parallel = min(n_parallel, len(loops) - 1)
     if n_parallel > 0:
-        sch.parallel(sch.fuse(*loops[:n_parallel]))
+        parallel(sch, loops[:n_parallel], target)
     vectorize(sch, loops[-1])
     return block
 
@@ -94,7 +104,7 @@ def flatten_init(sch, init, lanes: int, outer: int = 1) -> None:
     sch.vectorize(inner)
 
 
-def schedule_winograd_transform(sch, name: str, block: int, point: int = 4) -> None:
+def schedule_winograd_transform(sch, name: str, block: int, target, point: int = 4) -> None:
     """A Winograd transform stage with loops (a, b, c, d, tile, channels) and the point loop at
     index ``point``: parallel over (a, b), the points of a tile unrolled (they share its
     reads), the channels vectorized in blocks of at most ``block`` (dy's 128 channels as one
@@ -107,6 +117,6 @@ def schedule_winograd_transform(sch, name: str, block: int, point: int = 4) -> N
     width = int(sch.get(lanes).extent)
     outer, lanes = sch.split(lanes, [None, block if width % block == 0 else width])
     sch.reorder(a, b, c, d, outer, t, e, lanes)
-    sch.parallel(sch.fuse(a, b))
+    parallel(sch, [a, b], target)
     sch.unroll(e)
     sch.vectorize(lanes)

@@ -25,7 +25,7 @@ from __future__ import annotations
 from tbe_like import stages
 from tbe_like._tvm import s_tir
 
-from .common import block_names, fuse_parallel_vectorize, vectorize
+from .common import block_names, fuse_parallel_vectorize, parallel, vectorize
 
 _REDUCE = 2  # IterVar.CommReduce
 
@@ -49,7 +49,6 @@ def _is_winograd(sch, block) -> bool:
 
 def schedule_layout_stages(sch, target, row_periods=None, filter_gradient: bool = False
                            ) -> None:
-    del target
     for name in block_names(sch):
         if name.startswith(stages.LAYOUT_IN):
             block = sch.get_sblock(name)
@@ -64,9 +63,9 @@ def schedule_layout_stages(sch, target, row_periods=None, filter_gradient: bool 
                 sch.compute_at(block, sch.get_loops(consumers[0])[0])
                 sch.vectorize(sch.get_loops(block)[-1])
             else:
-                fuse_parallel_vectorize(sch, name, n_parallel=2)
+                fuse_parallel_vectorize(sch, name, 2, target)
         elif name.startswith(stages.LAYOUT_OUT_NCDHW) and row_periods is not None:
-            _unpack_rows(sch, sch.get_sblock(name), row_periods[2])
+            _unpack_rows(sch, sch.get_sblock(name), row_periods[2], target)
         elif name.startswith(stages.LAYOUT_OUT):
             block = sch.get_sblock(name)
             for producer in sch.get_producers(block):
@@ -78,18 +77,18 @@ def schedule_layout_stages(sch, target, row_periods=None, filter_gradient: bool 
             if name.startswith(stages.LAYOUT_OUT_NCDHW):
                 n, c, d, h, w = sch.get_loops(block)
                 sch.reorder(n, d, h, c, w)  # rows outside the channels: contiguous writes
-                fuse_parallel_vectorize(sch, name, n_parallel=3)
+                fuse_parallel_vectorize(sch, name, 3, target)
             elif filter_gradient and len(sch.get_loops(block)) == 5:
-                _unpack_filter(sch, block)
+                _unpack_filter(sch, block, target)
             else:
-                fuse_parallel_vectorize(sch, name, n_parallel=2)
+                fuse_parallel_vectorize(sch, name, 2, target)
 
 
 # The input channels of one fractal cell: a weight gradient's C0.
 _FILTER_C0 = 16
 
 
-def _unpack_filter(sch, block) -> None:
+def _unpack_filter(sch, block, target) -> None:
     """``(Cout, Cin, taps...)`` from the fractal result ``(..., taps, Cout, C0)``, one block of
     C0 input channels at a time with its taps outside: each read is a whole C0 line, and the
     C0 rows written (a few KiB) stay in L1. Taps inside the channels, a 256x256x5x5x5
@@ -98,11 +97,11 @@ def _unpack_filter(sch, block) -> None:
     co, ci, a, b, c = sch.get_loops(block)
     ci1, ci0 = sch.split(ci, [None, min(_FILTER_C0, int(sch.get(ci).extent))])
     sch.reorder(co, ci1, a, b, c, ci0)
-    sch.parallel(sch.fuse(co, ci1))
+    parallel(sch, [co, ci1], target)
     sch.unroll(ci0)
 
 
-def _unpack_rows(sch, block, period: int) -> None:
+def _unpack_rows(sch, block, period: int, target) -> None:
     """Parallel over output rows (n, d, h); per row, the producer ``(N, D, C1, H*W, C0)`` into a
     row buffer (C0 vectorized, its H*W loop split by ``period`` when that divides W), then the
     row's channels out with W vectorized."""
@@ -110,8 +109,7 @@ def _unpack_rows(sch, block, period: int) -> None:
     n, c, d, h, w = sch.get_loops(block)
     width = int(sch.get(w).extent)
     sch.reorder(n, d, h, c, w)
-    row = sch.fuse(n, d, h)
-    sch.parallel(row)
+    row = parallel(sch, [n, d, h], target)
     vectorize(sch, w)
     sch.compute_at(producer, row)
     own = sch.get_loops(producer)[1:]  # under the row loop; unit loops are not made

@@ -57,6 +57,13 @@ SHAPES = {
 }
 
 GRADIENTS = {"grad_weight": kernels.grad_weight, "grad_input": kernels.grad_input}
+
+
+@pytest.fixture(autouse=True)
+def multi_core(monkeypatch):
+    """The small shapes here scheduled for every core, as larger ones are (below
+    ``SERIAL_FLOPS`` a kernel is made for one; ops' tests build those)."""
+    monkeypatch.setattr(kernels, "SERIAL_FLOPS", 0)
 WINOGRAD_STAGE = {"grad_weight": stages.DW_WINO_X, "grad_input": stages.DX_WINO_DY}
 
 # Tiles the defaults rarely pick; each must build and compute the same result.
@@ -67,6 +74,8 @@ WEIGHT_TILES = {
     # The whole reduction inside the tile (inner=2), or (n) outside it (inner=1).
     "inner-2": "inner-2",
     "inner-1": "inner-1",
+    # Every input-channel block in the register tile (one column).
+    "ci-all": "ci-all",
 }
 INPUT_TILES = {
     "w1": dx_rule.Knobs(w_tile=1),
@@ -103,6 +112,8 @@ def _knob_sets(kind, graph):
             columns = _weight_columns(graph)
             knobs = dw_rule.Knobs(co_par=1, co_tile=2 if graph.params.geometry.group.cout_g % 2
                                   == 0 else 1, kw_tile=columns)
+        elif knobs == "ci-all":
+            knobs = dw_rule.Knobs(co_par=1, co_tile=1, kw_tile=1, ci_tile=_weight_blocks(graph))
         elif knobs in ("inner-1", "inner-2"):  # every row of the map inside the tile
             knobs = dw_rule.Knobs(co_par=1, co_tile=1, kw_tile=1, ho_tile=_weight_rows(graph),
                                   inner=int(knobs[-1]))
@@ -114,6 +125,11 @@ def _weight_columns(graph):
     sch = s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)}))
     loops = sch.get_loops(sch.get_sblock(stages.DW_MAD))
     return int(sch.get(loops[4]).extent)
+
+
+def _weight_blocks(graph):
+    sch = s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)}))
+    return int(sch.get(sch.get_loops(sch.get_sblock(stages.DW_MAD))[2]).extent)
 
 
 def _weight_rows(graph):

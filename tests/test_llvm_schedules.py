@@ -19,6 +19,13 @@ F32 = kernels.Precision("float32", "float32")
 TWO_CORES = Target({**host_target().export(), "num-cores": 2})
 
 
+@pytest.fixture(autouse=True)
+def multi_core(monkeypatch):
+    """The small test shapes scheduled as larger ones: for several cores (below
+    ``SERIAL_FLOPS`` a kernel is made for one; ``test_tiny_kernels_start_no_thread``)."""
+    monkeypatch.setattr(kernels, "SERIAL_FLOPS", 0)
+
+
 def _scheduled(graph, knobs=None):
     """The CPU rule's schedule of ``graph`` for 2 cores."""
     return kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})), graph,
@@ -142,3 +149,32 @@ def test_input_gradient_few_tasks_parallel_over_channel_blocks_too():
                            (0, 0, 1, 1, 1, 1), (1, 1, 1), 1)
     extent, _ = _dx_mad_parallel_loop(plane)
     assert extent == 1 * 1 * 4 * 6
+
+
+@pytest.mark.parametrize("kind", ["grad_weight", "grad_input"])
+def test_tiny_kernels_start_no_thread(monkeypatch, kind):
+    """At most ``SERIAL_FLOPS`` a kernel has no parallel loop (waking the thread pool cost
+    more than its work), and computes the same gradient."""
+    monkeypatch.setattr(kernels, "SERIAL_FLOPS", 2_000_000)
+    conv = conv3d(1, 32, (1, 1, 1), 16, (1, 1, 1), pad=0)  # X3D's squeeze-excitation shape
+    assert 0 < conv.flops() <= kernels.SERIAL_FLOPS
+    graph = getattr(kernels, kind)(conv, F32)
+    sch = _scheduled(graph)
+    kinds = {kind for loops in _blocks(sch).values() for kind, _ in loops}
+    assert tvm.tirx.ForKind.PARALLEL not in kinds
+    rng = np.random.default_rng(8)
+    arrays = [rng.standard_normal([int(v) for v in t.shape]).astype("float32")
+              for t in graph.inputs]
+    dev = tvm.cpu()
+    out = tvm.runtime.tensor(np.zeros([int(v) for v in graph.output.shape], "float32"), dev)
+    compile_checked(sch.mod, TWO_CORES)["main"](*[tvm.runtime.tensor(a, dev) for a in arrays],
+                                                 out)
+    if kind == "grad_weight":
+        want = _weight_gradient(conv, *arrays)
+    else:
+        dy, w = arrays
+        want = ref.convolution_backward(
+            dy.astype(np.float64), np.zeros(conv.x_shape), w.astype(np.float64),
+            stride=[1, 1, 1], padding=[0, 0, 0], dilation=[1, 1, 1], transposed=False,
+            output_padding=[0, 0, 0], groups=1, output_mask=(True, False, False))[0]
+    np.testing.assert_allclose(out.numpy(), want, rtol=0, atol=1e-4 * np.abs(want).max())

@@ -8,6 +8,7 @@ the loop order keeps the output resident and streams the inputs once:
         for kd, ci1, kh, co_mid, kw_o                                   output tiles (L1/L2)
           for wo                                                        reduction, inside
             register tile: kw_tile x co_tile x C0 (vectorized)          FMA on the C0 lanes
+                           (one column: ci_tile blocks x co_tile x C0)
 
 Per output position the tile loads ``kw_tile`` C0-vectors of the padded feature map, broadcasts
 ``co_tile`` dy values and issues ``co_tile * kw_tile * C0/lanes`` FMAs; LLVM keeps the tile in
@@ -42,6 +43,7 @@ from ..common import (
     flatten_init,
     fuse_parallel_vectorize,
     num_threads,
+    parallel,
     schedule_winograd_transform,
 )
 from ..registry import register
@@ -73,6 +75,9 @@ class Knobs:
     # first): a tile then sums ``inner`` more loops' steps between a load and a store of its
     # accumulators, while the slices of x and dy it reads must stay in cache.
     inner: int = 0
+    # Input-channel blocks per register tile (a divisor of the blocks): each dy value
+    # broadcast then feeds ``ci_tile`` x vectors, as a GEMM micro-kernel blocks both operands.
+    ci_tile: int = 1
 
 
 # Reduction steps a register tile takes between a load and a store of its accumulators, at most,
@@ -100,9 +105,13 @@ def default_knobs(p: BackpropFilterParams, lanes: int, threads: int, result_elem
     ``split_k`` forces split K on or off (``None``: as above)."""
     geo, g = p.geometry, p.geometry.group
     vectors = max(1, geo.c0 // lanes)  # registers per C0 vector
+    registers = REGISTERS.get(lanes, 16)
     tiles = [(co, kw) for kw in divisors(columns) for co in divisors(g.cout_g)
-             if (co * kw + kw) * vectors + co <= REGISTERS.get(lanes, 16) and co <= 8]
+             if (co * kw + kw) * vectors + co <= registers and co <= 8]
     co_tile, kw_tile = max(tiles, key=lambda t: (t[0] * t[1], t[0]))
+    ci_tile = 1
+    if kw_tile == 1:  # one column: channel blocks fill the tile instead (``_ci_tile``)
+        co_tile, ci_tile = _ci_tile(g.cout_g, g.cin1_g, vectors, registers)
     chunks = [c for c in divisors(g.cout_g // co_tile)]
     want = -(-CHUNKS_PER_THREAD * threads // g.real_g)
     co_par = next((c for c in chunks if c >= want), chunks[-1])
@@ -112,8 +121,18 @@ def default_knobs(p: BackpropFilterParams, lanes: int, threads: int, result_elem
     if split_k:
         k_par = next((k for k in divisors(reduction) if k >= want), reduction)
         if k_par > 1:
-            return Knobs(1, co_tile, kw_tile, k_par=k_par)
-    return Knobs(co_par, co_tile, kw_tile)
+            return Knobs(1, co_tile, kw_tile, k_par=k_par, ci_tile=ci_tile)
+    return Knobs(co_par, co_tile, kw_tile, ci_tile=ci_tile)
+
+
+def _ci_tile(cout: int, blocks: int, vectors: int, registers: int) -> tuple[int, int]:
+    """(output channels, input-channel blocks) of a one-column tile: the most accumulators
+    that fit with the x vectors and dy broadcasts, then the fewest loads per multiply-add.
+    A one-column tile of channels alone (8 x 1: 9 loads per 8 FMAs) is bound by loads:
+    pointwise, temporal (k, 1, 1) and width-folded stem layers."""
+    tiles = [(co, ci) for co in divisors(cout) for ci in divisors(blocks)
+             if co <= 8 and ci <= 4 and (co * ci + ci) * vectors + co <= registers]
+    return max(tiles, key=lambda t: (t[0] * t[1], -(t[0] + t[1] * vectors), t[0]))
 
 
 def candidates(target) -> list[Heuristic]:
@@ -133,7 +152,7 @@ def schedule(sch, p: BackpropFilterParams, target,
     sch.compute_inline(sch.get_sblock(stages.DW_DY_MATRIX))
     winograd = stages.DW_WINO_X in block_names(sch)
     if winograd:
-        _schedule_winograd(sch, p.geometry.c0)
+        _schedule_winograd(sch, p.geometry.c0, target)
     else:
         sch.compute_inline(sch.get_sblock(stages.DW_FMAP_COL))
 
@@ -152,13 +171,15 @@ def schedule(sch, p: BackpropFilterParams, target,
             h = knobs or Heuristic(vector_lanes(target))
             knobs = default_knobs(p, h.lanes, num_threads(target), result, reduction,
                                   int(sch.get(kw).extent), h.split_k)
-        _check_divides(sch, knobs, co, kw, ho)
+        _check_divides(sch, knobs, co, kw, ho, ci1)
         co_factors = [knobs.co_par, None, knobs.co_tile]
         kw_factors = [None, knobs.kw_tile]
         ho_factors = [None, knobs.ho_tile or _rows(sch, ho, wo)]
         k_par = knobs.k_par
+    ci_tile = 1 if knobs == SAMPLE else knobs.ci_tile
     co_p, co_m, co_i = sch.split(co, co_factors)
     kw_o, kw_i = sch.split(kw, kw_factors)
+    ci1, ci1_i = sch.split(ci1, [None, ci_tile])
     ho_o, ho_i = sch.split(ho, ho_factors)
     # With Winograd a point's slices of the transformed x and dy (a few KiB) stay in L1 while
     # every co tile reads them: the point loop goes outside the co tiles.
@@ -173,13 +194,13 @@ def schedule(sch, p: BackpropFilterParams, target,
         if inner:  # the whole height inside too (``_check_divides``)
             tile_loops, ho_o, ho_i = (*tile_loops, ho_o, ho_i), None, None
     order = [grp, co_p, *reduction_loops, ho_o, kd, ci1, kh, *middle, *tile_loops, ho_i, wo,
-             kw_i, co_i, ci0]
+             kw_i, ci1_i, co_i, ci0]
     sch.reorder(*[loop for loop in order if loop is not None])
     if split_k:
         # The chunk loop becomes a spatial axis of ``dw_mad_rf``; ``mad`` adds the partials.
         mad = sch.rfactor(k_o, 0)
         grp, co_p, k_o, nd = sch.get_loops(mad)[:4]
-        sch.parallel(sch.fuse(grp, co_p, k_o))
+        parallel(sch, [grp, co_p, k_o], target)
         sch.vectorize(sch.get_loops(sch.get_sblock(stages.DW_MAD))[-1])  # adds the partials
         first = nd
         if not winograd:
@@ -188,31 +209,33 @@ def schedule(sch, p: BackpropFilterParams, target,
             sch.compute_at(sch.get_sblock(stages.DW_FMAP_PAD), nd)
             sch.vectorize(sch.get_loops(sch.get_sblock(stages.DW_FMAP_PAD))[-1])
     else:
-        sch.parallel(sch.fuse(grp, co_p))
+        parallel(sch, [grp, co_p], target)
         first = n
         if not winograd:
-            fuse_parallel_vectorize(sch, stages.DW_FMAP_PAD, n_parallel=2)
+            fuse_parallel_vectorize(sch, stages.DW_FMAP_PAD, 2, target)
     # The register tile of the reduction. After ``rfactor`` the split loops' handles name the
     # loops of the block that adds the partials, not of ``dw_mad_rf``: the tile's loops are
     # looked up again (annotated through the old handles, the main loop stayed scalar and
     # LLVM vectorized it with a gather and a scatter per FMA: 5-16x slower).
-    kw_i, co_i, ci0 = sch.get_loops(mad)[-3:]
+    kw_i, ci1_i, co_i, ci0 = sch.get_loops(mad)[-4:]
     sch.vectorize(ci0)
     sch.unroll(co_i)
+    sch.unroll(ci1_i)
     sch.unroll(kw_i)
     outer = [sch.get(loop).same_as(sch.get(first)) for loop in sch.get_loops(mad)].index(True)
     flatten_init(sch, sch.decompose_reduction(mad, first), int(sch.get(ci0).extent), outer)
-    fuse_parallel_vectorize(sch, stages.DW_RES, n_parallel=2)
+    fuse_parallel_vectorize(sch, stages.DW_RES, 2, target)
     return sch
 
 
-def _check_divides(sch, knobs: Knobs, co, kw, ho) -> None:
+def _check_divides(sch, knobs: Knobs, co, kw, ho, ci1) -> None:
     """Fixed tiles must divide their loops: a split that does not leaves a predicate, and
     ``rfactor`` (split K) drops it from the block that adds the partials, which then reads
     and writes past its buffers. (``k_par`` need not divide the reduction: every partial is
     whole, only its own steps are predicated.)"""
     extents = {"co_par * co_tile": (knobs.co_par * knobs.co_tile, int(sch.get(co).extent)),
                "kw_tile": (knobs.kw_tile, int(sch.get(kw).extent)),
+               "ci_tile": (knobs.ci_tile, int(sch.get(ci1).extent)),
                "ho_tile": (knobs.ho_tile or 1, int(sch.get(ho).extent))}
     for name, (factor, extent) in extents.items():
         if factor < 1 or extent % factor:
@@ -236,11 +259,11 @@ def _rows(sch, ho, wo) -> int:
     return max(d for d in divisors(height) if d == 1 or d * width <= ROW_STEPS)
 
 
-def _schedule_winograd(sch, c0: int) -> None:
+def _schedule_winograd(sch, c0: int, target) -> None:
     """The transforms of x (the padding inlined: its only reader) and of dy: parallel over
     their two outer axes, the points of a tile unrolled (their reads shared), the channels
     vectorized. The reduction then has the direct form's loops, a point in place of kw and a
     tile in place of wo."""
     sch.compute_inline(sch.get_sblock(stages.DW_FMAP_PAD))
     for name in (stages.DW_WINO_X, stages.DW_WINO_DY):
-        schedule_winograd_transform(sch, name, c0)
+        schedule_winograd_transform(sch, name, c0, target)

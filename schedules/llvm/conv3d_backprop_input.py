@@ -51,6 +51,7 @@ from ..common import (
     flatten_init,
     fuse_parallel_vectorize,
     num_threads,
+    parallel,
     schedule_winograd_transform,
 )
 from ..registry import register
@@ -142,7 +143,8 @@ def _extents(sch, mad) -> tuple[int, int, int]:
     return spatial[3], spatial[-2], int(iters[len(spatial)].dom.extent)
 
 
-def _schedule_mad(sch, name: str, knobs: Knobs | str, threads: int) -> None:
+def _schedule_mad(sch, name: str, knobs: Knobs | str, target) -> None:
+    threads = num_threads(target)
     mad = sch.get_sblock(name)
     n, d, cb, h, e, w, ci0, co, a, b, c = _mad_loops(sch, mad)
     height, width, channels = _extents(sch, mad)
@@ -174,7 +176,7 @@ def _schedule_mad(sch, name: str, knobs: Knobs | str, threads: int) -> None:
     inner = [a, co_o, cb, h_o, w_o, b, c, co_i, co_u, cb_i, h_i, w_i, ci0]
     order = outer + [loop for loop in inner if loop is not None and loop not in outer]
     sch.reorder(*order)
-    sch.parallel(sch.fuse(*outer))
+    parallel(sch, outer, target)
     sch.vectorize(ci0)
     sch.unroll(cb_i)
     sch.unroll(h_i)
@@ -183,7 +185,7 @@ def _schedule_mad(sch, name: str, knobs: Knobs | str, threads: int) -> None:
     flatten_init(sch, sch.decompose_reduction(mad, a), int(sch.get(ci0).extent))
 
 
-def _schedule_filter(sch, name: str, c0: int) -> None:
+def _schedule_filter(sch, name: str, c0: int, target) -> None:
     """The flipped (or Winograd-transformed) filter ``(g, kd, kh, kw or point, Cout, Cin)``
     one (output channel, block of C0 input channels) at a time, its taps inside: the user's
     filter ``(Cout, Cin, kd, kh, kw)`` is then read as contiguous blocks of C0 * taps values,
@@ -192,7 +194,7 @@ def _schedule_filter(sch, name: str, c0: int) -> None:
     grp, a, b, c, co, ci = sch.get_loops(sch.get_sblock(name))
     ci_o, ci_i = sch.split(ci, [None, c0])
     sch.reorder(grp, co, ci_o, a, b, c, ci_i)
-    sch.parallel(sch.fuse(grp, co))
+    parallel(sch, [grp, co], target)
     sch.vectorize(ci_i)
 
 
@@ -219,17 +221,17 @@ def schedule(sch, p: BackpropInputParams, target,
     if stages.DX_WINO_DY in names:
         sch.compute_inline(sch.get_sblock(stages.DX_DY_PAD))  # its only reader: one pass less
         names.remove(stages.DX_DY_PAD)
-        schedule_winograd_transform(sch, stages.DX_WINO_DY, p.geometry.c0, point=2)
+        schedule_winograd_transform(sch, stages.DX_WINO_DY, p.geometry.c0, target, point=2)
     if stages.DX_DY_PAD in names:
-        fuse_parallel_vectorize(sch, stages.DX_DY_PAD, n_parallel=2)
+        fuse_parallel_vectorize(sch, stages.DX_DY_PAD, 2, target)
     for name in (stages.DX_FILTER_FLIP, stages.DX_WINO_FILTER):
         if name in names:
-            _schedule_filter(sch, name, p.geometry.c0)
+            _schedule_filter(sch, name, p.geometry.c0, target)
     for name in names:
         if name.startswith(stages.DX_MAD):
             height, width, channels = _extents(sch, sch.get_sblock(name))
             fit = (default_knobs(p, knobs.lanes, width, channels, height, knobs.accumulators)
                    if isinstance(knobs, Heuristic) else knobs)
-            _schedule_mad(sch, name, fit, num_threads(target))
-    fuse_parallel_vectorize(sch, stages.DX_RES, n_parallel=2)
+            _schedule_mad(sch, name, fit, target)
+    fuse_parallel_vectorize(sch, stages.DX_RES, 2, target)
     return sch

@@ -199,7 +199,8 @@ def _direct_form(graph: kernels.Graph, kind: str, conv: kernels.Conv3d,
 def _cached(cache: KernelCache, kind: str, conv: kernels.Conv3d, prec: kernels.Precision,
             target: Target, transposed: bool = False) -> Kernel:
     fields = {"kernel": kind, "transposed": transposed, "conv": asdict(conv),
-              "precision": asdict(prec), "records": records_fingerprint()}
+              "precision": asdict(prec), "records": records_fingerprint(),
+              "serial": kernels.serial(conv.flops(), target)}
 
     def build(output_dir, kernel_name):
         graph = graph_of(kind, conv, prec, transposed, target)

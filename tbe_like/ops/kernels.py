@@ -17,6 +17,7 @@ Every gradient is one of three cores on a forward convolution ``x -> y`` (:class
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -136,6 +137,7 @@ class Graph:
     # The (D, H, W) periods of the core's result (an input gradient's stride phases and Winograd
     # columns): the output stage computes it row by row (``schedules.layout``).
     row_periods: tuple[int, int, int] | None = None
+    flops: int = 0  # of the convolution (its forward pass; each gradient has as many)
 
 
 def _geometry(conv: Conv3d, group: GroupInfo, batch: int, in_spatial, out_spatial
@@ -174,6 +176,7 @@ def grad_input(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "g
     dy = _placeholder(conv.y_shape, names[0], prec.dtype)
     w = _placeholder(conv.w_shape, names[1], prec.dtype)
     convert, cd = prec.convert(), prec.core_dtype
+    flops = conv.flops()
     (ta, tb, tc), conv = live_taps(conv) or ((0, 0, 0), conv)  # the live taps' convolution
     group = group_info(conv.cin, conv.cout, conv.groups, cin0=C0)
     dy6 = lt.pack_6hd(dy, False, C0, cd, convert, names[0])
@@ -186,7 +189,7 @@ def grad_input(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "g
     res = compute.conv3d_backprop_input(w6, dy6, p, winograd=winograd)
     out = lt.unpack_6hd(res, conv.cin, conv.in_spatial[2], prec.dtype, names[2])
     return Graph(INPUT_OP, p, [dy, w], out, ["NCDHW", "NCDHW", "NCDHW"],
-                 result_periods(p, winograd))
+                 result_periods(p, winograd), flops)
 
 
 def forward(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "grad_input"),
@@ -215,7 +218,7 @@ def forward(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "grad
     res = conv3d_forward(w6, x6, p, winograd=winograd)
     out = lt.unpack_6hd(res, conv.cout, conv.out_spatial[2], prec.dtype, names[2])
     return Graph(INPUT_OP, p, [x, w], out, ["NCDHW", "NCDHW", "NCDHW"],
-                 result_periods(p, winograd, forward=True))
+                 result_periods(p, winograd, forward=True), conv.flops())
 
 
 def grad_weight(conv: Conv3d, prec: Precision, names=("input", "grad_output", "grad_weight"),
@@ -236,6 +239,7 @@ def grad_weight(conv: Conv3d, prec: Precision, names=("input", "grad_output", "g
     x = _placeholder(nd(x_shape), names[0], prec.dtype)
     dy = _placeholder(nd(conv.y_shape), names[1], prec.dtype)
     convert, cd = prec.convert(), prec.core_dtype
+    flops = conv.flops()
     trim = live_taps(conv) if out_layout is None else None
     full, (ta, tb, tc) = conv.w_shape, (0, 0, 0)
     if trim is not None:
@@ -272,7 +276,7 @@ def grad_weight(conv: Conv3d, prec: Precision, names=("input", "grad_output", "g
     out = lt.unpack_filter_gradient(res, shape, index, prec.dtype, group, core.kernel,
                                     names[2], live)
     in_layout = "NDHWC" if channels_last else "NCDHW"
-    return Graph(FILTER_OP, p, [x, dy], out, [in_layout, in_layout, layout])
+    return Graph(FILTER_OP, p, [x, dy], out, [in_layout, in_layout, layout], flops=flops)
 
 
 def live_taps(conv: Conv3d) -> tuple[tuple[int, int, int], Conv3d] | None:
@@ -352,6 +356,24 @@ def workspace_bytes(mod: IRModule) -> int:
     return total
 
 
+# Multiply-adds x 2 up to which a CPU kernel runs on the calling thread alone: each parallel
+# stage of a kernel wakes the thread pool (10-20 us here), and the squeeze-excitation 1x1x1
+# convolutions of X3D (27 kFLOP) took 30 us in four parallel stages where PyTorch's call took 10.
+SERIAL_FLOPS = 2_000_000
+
+
+def serial(flops: int, target: Target) -> bool:
+    """Whether a CPU kernel of ``flops`` runs on one core (``SERIAL_FLOPS``)."""
+    return str(target.kind.name) == "llvm" and 0 < flops <= SERIAL_FLOPS
+
+
+def one_core(target: Target) -> Target:
+    """``target`` with one core: the rules then make no parallel loop (no thread is woken)."""
+    config = json.loads(str(target))
+    config["num-cores"] = 1
+    return Target(config)
+
+
 def prim_func(graph: Graph, op: str | None = None):
     """The unscheduled PrimFunc of a kernel (its tuning workload); refused, naming ``op``
     (default: the core's operator), when a buffer is too large for 32-bit indices
@@ -361,9 +383,13 @@ def prim_func(graph: Graph, op: str | None = None):
 
 
 def schedule(sch, graph: Graph, target: Target, knobs=None):
-    """The operator's rule (``knobs=SAMPLE``: its search space) plus the layout stages."""
+    """The operator's rule (``knobs=SAMPLE``: its search space) plus the layout stages; a
+    kernel of at most ``SERIAL_FLOPS`` is scheduled for one core (:func:`one_core`)."""
     from .. import schedules  # the rules register themselves on import
     from ..schedules.layout import schedule_layout_stages
+
+    if serial(graph.flops, target):
+        target = one_core(target)
 
     sch = schedules.apply_schedule(sch, graph.op, graph.params, target, knobs)
     if str(target.kind.name) == "llvm":
