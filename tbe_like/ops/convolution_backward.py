@@ -23,6 +23,7 @@ products are always accumulated in float32 and the results returned in the array
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
@@ -196,11 +197,17 @@ def _direct_form(graph: kernels.Graph, kind: str, conv: kernels.Conv3d,
     return {"direct": graph_of(kind, conv, prec, transposed, None)}
 
 
+def _result_shape(kind: str, conv: kernels.Conv3d) -> tuple[int, ...]:
+    """The shape of a kernel's result: dX, the transposed convolution's dX (a forward), dW."""
+    return {"grad_input": conv.x_shape, "forward": conv.y_shape}.get(kind, conv.w_shape)
+
+
 def _cached(cache: KernelCache, kind: str, conv: kernels.Conv3d, prec: kernels.Precision,
             target: Target, transposed: bool = False) -> Kernel:
     fields = {"kernel": kind, "transposed": transposed, "conv": asdict(conv),
               "precision": asdict(prec), "records": records_fingerprint(),
-              "serial": kernels.serial(conv.flops(), target)}
+              "serial": kernels.serial(conv.flops(), math.prod(_result_shape(kind, conv)),
+                                       target)}
 
     def build(output_dir, kernel_name):
         graph = graph_of(kind, conv, prec, transposed, target)

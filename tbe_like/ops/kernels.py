@@ -360,11 +360,16 @@ def workspace_bytes(mod: IRModule) -> int:
 # stage of a kernel wakes the thread pool (10-20 us here), and the squeeze-excitation 1x1x1
 # convolutions of X3D (27 kFLOP) took 30 us in four parallel stages where PyTorch's call took 10.
 SERIAL_FLOPS = 2_000_000
+# ... and whose result has at most this many elements: writing X3D's 2048 x 432 pointwise
+# weight gradient (1.8 MFLOP, 3.5 MB) on one core took 1.2 ms, 7x PyTorch's time.
+SERIAL_RESULT = 64 * 1024
 
 
-def serial(flops: int, target: Target) -> bool:
-    """Whether a CPU kernel of ``flops`` runs on one core (``SERIAL_FLOPS``)."""
-    return str(target.kind.name) == "llvm" and 0 < flops <= SERIAL_FLOPS
+def serial(flops: int, result_elems: int, target: Target) -> bool:
+    """Whether a CPU kernel of ``flops`` and a result of ``result_elems`` runs on one core
+    (``SERIAL_FLOPS``, ``SERIAL_RESULT``)."""
+    return (str(target.kind.name) == "llvm" and 0 < flops <= SERIAL_FLOPS
+            and result_elems <= SERIAL_RESULT)
 
 
 def one_core(target: Target) -> Target:
@@ -388,7 +393,7 @@ def schedule(sch, graph: Graph, target: Target, knobs=None):
     from .. import schedules  # the rules register themselves on import
     from ..schedules.layout import schedule_layout_stages
 
-    if serial(graph.flops, target):
+    if serial(graph.flops, math.prod(int(d) for d in graph.output.shape), target):
         target = one_core(target)
 
     sch = schedules.apply_schedule(sch, graph.op, graph.params, target, knobs)
