@@ -16,8 +16,9 @@ Runs after the operator's rule, which leaves these stages alone:
   transposed out. Inlined, the producer was a select chain per element: LLVM left it scalar
   (19% of a stride-2 input gradient, 95M instructions per call) or gathered every Winograd
   point (30% of a grouped one);
-* a weight gradient's ``(Cout, Cin/groups, kd, kh, kw)`` output (``filter_gradient``) is
-  unpacked one block of C0 input channels at a time, its taps outside (``_unpack_filter``).
+* a weight gradient's ``(Cout, Cin/groups, kd, kh, kw)`` output (``filter_c0``: its result's
+  C0) is unpacked one block of C0 input channels at a time, its taps outside
+  (``_unpack_filter``).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def _is_winograd(sch, block) -> bool:
     return sch.get(block).name_hint in _WINOGRAD_TRANSFORMS
 
 
-def schedule_layout_stages(sch, target, row_periods=None, filter_gradient: bool = False
+def schedule_layout_stages(sch, target, row_periods=None, filter_c0: int | None = None
                            ) -> None:
     for name in block_names(sch):
         if name.startswith(stages.LAYOUT_IN):
@@ -78,24 +79,20 @@ def schedule_layout_stages(sch, target, row_periods=None, filter_gradient: bool 
                 n, c, d, h, w = sch.get_loops(block)
                 sch.reorder(n, d, h, c, w)  # rows outside the channels: contiguous writes
                 fuse_parallel_vectorize(sch, name, 3, target)
-            elif filter_gradient and len(sch.get_loops(block)) == 5:
-                _unpack_filter(sch, block, target)
+            elif filter_c0 is not None and len(sch.get_loops(block)) == 5:
+                _unpack_filter(sch, block, filter_c0, target)
             else:
                 fuse_parallel_vectorize(sch, name, 2, target)
 
 
-# The input channels of one fractal cell: a weight gradient's C0.
-_FILTER_C0 = 16
-
-
-def _unpack_filter(sch, block, target) -> None:
+def _unpack_filter(sch, block, c0: int, target) -> None:
     """``(Cout, Cin, taps...)`` from the fractal result ``(..., taps, Cout, C0)``, one block of
     C0 input channels at a time with its taps outside: each read is a whole C0 line, and the
     C0 rows written (a few KiB) stay in L1. Taps inside the channels, a 256x256x5x5x5
     gradient read its fractal result 16 KiB apart, every read in one L1 set: 70% of the
     kernel's time went to that copy (17 ms where PyTorch took 4)."""
     co, ci, a, b, c = sch.get_loops(block)
-    ci1, ci0 = sch.split(ci, [None, min(_FILTER_C0, int(sch.get(ci).extent))])
+    ci1, ci0 = sch.split(ci, [None, min(c0, int(sch.get(ci).extent))])
     sch.reorder(co, ci1, a, b, c, ci0)
     parallel(sch, [co, ci1], target)
     sch.unroll(ci0)

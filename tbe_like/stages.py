@@ -40,3 +40,14 @@ def tag(op: str, stage: str) -> str:
 LAYOUT_IN = "layout_in"
 LAYOUT_OUT = "layout_out"
 LAYOUT_OUT_NCDHW = "layout_out_ncdhw"  # an output unpacked from 6HD to (N, C, D, H, W)
+
+
+def stage_names(tensor) -> set[str]:
+    """The names of every stage a tensor expression's result is computed from (its own too)."""
+    seen, todo = set(), [tensor]
+    while todo:
+        t = todo.pop()
+        if t.op.name not in seen:
+            seen.add(t.op.name)
+            todo += list(t.op.input_tensors)
+    return seen

@@ -56,11 +56,13 @@ def host_cpu() -> str:
 def host_target() -> Target:
     """The LLVM target for this CPU, with every core (MetaSchedule needs ``num-cores``), and
     ``mattr`` where the CPU's real features differ from its model's (:func:`host_mattr`)."""
-    config = {"kind": "llvm", "mcpu": host_cpu(), "num-cores": cpu_count()}
+    return Target({"kind": "llvm", **_host_cpu_config(), "num-cores": cpu_count()})
+
+
+def _host_cpu_config() -> dict:
+    """This CPU in an LLVM target: its ``mcpu``, and ``mattr`` when that is not empty."""
     mattr = host_mattr(host_cpu(), host_cpu_flags())
-    if mattr:
-        config["mattr"] = list(mattr)
-    return Target(config)
+    return {"mcpu": host_cpu(), **({"mattr": list(mattr)} if mattr else {})}
 
 
 # The vector features kernels use, as the Linux kernel's cpuinfo flags name them -> LLVM's
@@ -145,10 +147,8 @@ def resolve_target(target: Any = None) -> Target:
     config = dict(target)
     if config.get("kind") == "llvm":
         if "mcpu" not in config:  # this CPU: its model and its real features
-            config["mcpu"] = host_cpu()
-            mattr = host_mattr(host_cpu(), host_cpu_flags())
-            if mattr and "mattr" not in config:
-                config["mattr"] = list(mattr)
+            for key, value in _host_cpu_config().items():
+                config.setdefault(key, value)
         config.setdefault("num-cores", cpu_count())
     elif config.get("kind") == "cuda":
         check_cuda_arch(config.setdefault("arch", CUDA_DEFAULT_ARCH))

@@ -85,13 +85,9 @@ def conv3d(n, cin, spatial, cout, kernel, stride=1, pad=1, dil=1, groups=1):
 
 def stage_names(tensor) -> set[str]:
     """The names of every stage a result is computed from (itself included)."""
-    seen, todo = set(), [tensor]
-    while todo:
-        t = todo.pop()
-        if t.op.name not in seen:
-            seen.add(t.op.name)
-            todo += list(t.op.input_tensors)
-    return seen
+    from tbe_like.stages import stage_names as names
+
+    return names(tensor)
 
 
 def msg(op: str, *parts: str) -> str:

@@ -292,3 +292,22 @@ def test_a_tile_that_does_not_divide_its_loop_is_refused():
     knobs = dw_rule.Knobs(co_par=1, co_tile=8, kw_tile=3, k_par=2)
     with pytest.raises(ValueError, match="kw_tile = 3 must divide its loop of 4 iterations"):
         _run(graph, knobs, _inputs(graph))
+
+
+def test_input_channel_blocks_that_do_not_divide_are_refused():
+    graph = _graph("grad_weight", SHAPES["w13-cin20-cout24"], False)  # 2 channel blocks
+    knobs = dw_rule.Knobs(co_par=1, co_tile=1, kw_tile=1, ci_tile=3)
+    with pytest.raises(ValueError, match="ci_tile = 3 must divide its loop of 2 iterations"):
+        _run(graph, knobs, _inputs(graph))
+
+
+@pytest.mark.parametrize("knobs", [
+    dw_rule.Knobs(co_par=1, co_tile=1, kw_tile=1, inner=3),
+    dw_rule.Knobs(co_par=1, co_tile=1, kw_tile=1, inner=1),  # not every row in the tile
+    dw_rule.Knobs(co_par=1, co_tile=1, kw_tile=1, ho_tile=5, inner=2, k_par=2),  # split K
+], ids=["inner-3", "inner-part-of-the-rows", "inner-with-split-k"])
+def test_a_reduction_inside_the_tile_needs_every_row_and_no_split_k(knobs):
+    graph = _graph("grad_weight", SHAPES["w7-prime"], False)  # Ho = 5
+    with pytest.raises(ValueError, match="knobs inner must be 0, 1 or 2, and with inner the "
+                                         "tile must hold every row"):
+        _run(graph, knobs, _inputs(graph))

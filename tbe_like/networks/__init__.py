@@ -249,12 +249,7 @@ def _parse(text: str, where: str) -> Network:
         raise ValueError(f"{where}: not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise ValueError(f"{where}: the top level must be a JSON object")
-    unknown = sorted(set(data) - _NETWORK_FIELDS)
-    if unknown:
-        raise ValueError(f"{where}: unknown field(s) {', '.join(map(repr, unknown))}")
-    for field in _NETWORK_REQUIRED:
-        if field not in data:
-            raise ValueError(f"{where}: missing field {field!r}")
+    _check_fields(data, _NETWORK_FIELDS, _NETWORK_REQUIRED, where)
     for field in _TEXT_FIELDS:
         if not isinstance(data[field], str) or not data[field].strip():
             raise ValueError(f"{where}: field {field!r} must be a non-empty string")
@@ -278,6 +273,16 @@ def _parse(text: str, where: str) -> Network:
                    input=data["input"], scaled=data["scaled"], layers=layers, notes=tuple(notes))
 
 
+def _check_fields(data: dict, known, required, where: str) -> None:
+    """No field of ``data`` outside ``known``, every one of ``required`` present."""
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {', '.join(map(repr, unknown))}")
+    for field in required:
+        if field not in data:
+            raise ValueError(f"{where}: missing field {field!r}")
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -294,12 +299,7 @@ def _parse_layer(raw: Any, network: str, where: str) -> Layer:
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"{where}: field 'name' must be a non-empty string")
     where = f"{where} ({name!r})"
-    unknown = sorted(set(raw) - set(_LAYER_FIELDS))
-    if unknown:
-        raise ValueError(f"{where}: unknown field(s) {', '.join(map(repr, unknown))}")
-    for field in _LAYER_FIELDS:
-        if field not in raw:
-            raise ValueError(f"{where}: missing field {field!r}")
+    _check_fields(raw, _LAYER_FIELDS, _LAYER_FIELDS, where)
     for field in _POSITIVE_INTS:
         value = raw[field]
         if not _is_int(value) or value < 1:

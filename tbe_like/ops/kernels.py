@@ -158,16 +158,7 @@ def winograd_on(target: Target) -> bool:
 
 def uses_winograd(graph: Graph) -> bool:
     """Whether a kernel computes through Winograd transforms (one of its stages is one)."""
-    seen, todo = set(), [graph.output]
-    while todo:
-        tensor = todo.pop()
-        if tensor.op.name in (stages.DW_WINO_X, stages.DX_WINO_DY):
-            return True
-        for t in getattr(tensor.op, "input_tensors", []):
-            if t.op.name not in seen:
-                seen.add(t.op.name)
-                todo.append(t)
-    return False
+    return bool(stages.stage_names(graph.output) & {stages.DW_WINO_X, stages.DX_WINO_DY})
 
 
 def grad_input(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "grad_input"),
@@ -398,8 +389,8 @@ def schedule(sch, graph: Graph, target: Target, knobs=None):
 
     sch = schedules.apply_schedule(sch, graph.op, graph.params, target, knobs)
     if str(target.kind.name) == "llvm":
-        schedule_layout_stages(sch, target, graph.row_periods,
-                               filter_gradient=graph.op == FILTER_OP)
+        schedule_layout_stages(sch, target, graph.row_periods, filter_c0=(
+            graph.params.geometry.c0 if graph.op == FILTER_OP else None))
     return sch
 
 
