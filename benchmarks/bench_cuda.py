@@ -18,6 +18,10 @@ which is missing and exits with status 0.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import json
+import multiprocessing
+import os
 import sys
 import tempfile
 import time
@@ -103,31 +107,43 @@ def graph(op: str, s: Shape, dtype: str):
 
 
 def _build(op: str, name: str, s: Shape, dtype: str, arch: str, out_dir: str):
-    """Build one gradient of ``s``; returns (kernel, flops)."""
+    """Build one gradient of ``s`` into ``out_dir``; returns (kernel name, flops, seconds)."""
     from tbe_like import dsl
 
+    t0 = time.perf_counter()
     res, tensors = graph(op, s, dtype)
     sch = dsl.auto_schedule(res, target={"kind": "cuda", "arch": arch})
-    kname = f"bench_{op}_{name}".replace("-", "_")
-    kernel = dsl.build(sch, {"name": kname, "tensor_list": tensors,
-                             "output_dir": out_dir})
-    return kernel, sch.params.geometry.flops()
+    kname = f"bench_{op}_{name}_{dtype}".replace("-", "_")
+    dsl.build(sch, {"name": kname, "tensor_list": tensors, "output_dir": out_dir})
+    return kname, sch.params.geometry.flops(), time.perf_counter() - t0
 
 
-def _torch_time(fn, repeat: int) -> float:
-    """Median milliseconds of ``fn`` over ``repeat`` CUDA-event timed calls."""
+def _build_job(job):
+    return job, _build(*job)
+
+
+def _gpu_time(fn, repeat: int, min_ms: float = 20.0) -> float:
+    """Median milliseconds of one launch of ``fn``: ``repeat`` batches, each timed by two CUDA
+    events around as many launches as fill ``min_ms`` (so that launch gaps do not count)."""
     import torch
 
     for _ in range(3):
         fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    number = max(1, min(200, int(min_ms / max(start.elapsed_time(end), 1e-3))))
     times = []
     for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(number):
+            fn()
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(start.elapsed_time(end) / number)
     return float(np.median(times))
 
 
@@ -144,15 +160,21 @@ def _data(s: Shape, dtype: str):
 
 
 def _tbe_args(op: str, s: Shape, x, w, dy, dtype: str):
-    """The tbe_like kernel's NumPy inputs (NDC1HWC0 / FRACTAL_Z_3D)."""
+    """The tbe_like kernel's inputs (NDC1HWC0 / FRACTAL_Z_3D) as torch tensors on the GPU."""
+    import torch
+
     from tbe_like import layout
 
+    def to_gpu(a):
+        return torch.from_numpy(np.ascontiguousarray(a)).to(x.dtype).cuda()
+
     def to_np(t):
-        return t.float().numpy().astype(_np_dtype(dtype))
+        return t.float().numpy()
 
     if op == "dw":
-        return layout.to_ndc1hwc0(to_np(x)), layout.to_ndc1hwc0(to_np(dy))
-    return layout.to_fractal_z_3d(to_np(w), groups=s.groups), layout.to_ndc1hwc0(to_np(dy))
+        return to_gpu(layout.to_ndc1hwc0(to_np(x))), to_gpu(layout.to_ndc1hwc0(to_np(dy)))
+    return (to_gpu(layout.to_fractal_z_3d(to_np(w), groups=s.groups)),
+            to_gpu(layout.to_ndc1hwc0(to_np(dy))))
 
 
 def _tbe_result(op: str, s: Shape, out: np.ndarray) -> np.ndarray:
@@ -166,36 +188,72 @@ def _tbe_result(op: str, s: Shape, out: np.ndarray) -> np.ndarray:
     return layout.from_ndc1hwc0(out.reshape(*out.shape[:3], h, w, 16), s.cin)
 
 
-def _bench_shape(name: str, s: Shape, ops, dtype: str, arch: str, repeat: int, out_dir: str):
+# Dense peak TFLOP/s by GPU name and operand dtype (tensor cores for 16-bit types, FMA units
+# for float32, which the templates use for it), from NVIDIA's data sheets.
+PEAKS = {"H100 80GB HBM3": {"float16": 989.4, "bfloat16": 989.4, "float32": 66.9},
+         "H100 PCIe": {"float16": 756.0, "bfloat16": 756.0, "float32": 51.2},
+         "H200": {"float16": 989.4, "bfloat16": 989.4, "float32": 66.9},
+         "A100": {"float16": 312.0, "bfloat16": 312.0, "float32": 19.5}}
+
+
+def _peak(gpu: str, dtype: str) -> float | None:
+    for key, peaks in PEAKS.items():
+        if key in gpu:
+            return peaks[dtype]
+    return None
+
+
+def _bench_shape(name, s, ops, dtype, repeat, kernels, gpu):
+    """Rows of one shape: both cuDNN layouts timed, the faster one the reference."""
     import torch
+
+    from tbe_like import load_kernel
 
     x, w, dy = _data(s, dtype)
     f, b, top, bottom, left, right = s.pads
     xg = torch.nn.functional.pad(x, (left, right, top, bottom, f, b)).cuda()
     wg, dyg = w.cuda(), dy.cuda()
+    cl = torch.channels_last_3d
+    layouts = {"ncdhw": (xg, wg, dyg),
+               "ndhwc": (xg.to(memory_format=cl), wg.to(memory_format=cl),
+                         dyg.to(memory_format=cl))}
+    rows = []
     for op in ops:
-        t0 = time.perf_counter()
-        kernel, flops = _build(op, name, s, dtype, arch, out_dir)
-        build_s = time.perf_counter() - t0
-
-        def call(mask=(op == "dx", op == "dw", False)):
-            return torch.ops.aten.convolution_backward(
-                dyg, xg, wg, None, list(s.stride), [0, 0, 0], list(s.dilation), False,
-                [0, 0, 0], s.groups, list(mask))
-
-        torch_ms = _torch_time(call, repeat)
-        expected = call()[0 if op == "dx" else 1].float().cpu().numpy()
+        kname, flops, build_s = kernels[(op, name, dtype)]
+        kernel = load_kernel(kname)
+        mask = [op == "dx", op == "dw", False]
+        torch_ms = {}
+        for lay, (xa, wa, dya) in layouts.items():
+            def call(xa=xa, wa=wa, dya=dya, mask=mask):
+                return torch.ops.aten.convolution_backward(
+                    dya, xa, wa, None, list(s.stride), [0, 0, 0], list(s.dilation), False,
+                    [0, 0, 0], s.groups, mask)
+            torch_ms[lay] = _gpu_time(call, repeat)
+        expected = torch.ops.aten.convolution_backward(
+            dyg, xg, wg, None, list(s.stride), [0, 0, 0], list(s.dilation), False, [0, 0, 0],
+            s.groups, mask)[0 if op == "dx" else 1].float().cpu().numpy()
         if op == "dx":  # grad_input of the padded input: crop the pads
             d, h, wd = s.spatial
             expected = expected[:, :, f:f + d, top:top + h, left:left + wd]
         args = _tbe_args(op, s, x, w, dy, dtype)
-        got = _tbe_result(op, s, kernel(*args)).astype(np.float64)
-        tbe_ms = kernel.time(*args, repeat=repeat) * 1e3
+        got = _tbe_result(op, s, kernel(*args).float().cpu().numpy()).astype(np.float64)
+        tbe_ms = _gpu_time(kernel.runner(*args, sync=False), repeat)
         err = float(np.abs(got - expected).max() / max(np.abs(expected).max(), 1e-30))
-        gf = flops / 1e6
-        print(f"{name:14s} {op:3s} {tbe_ms:9.3f} {gf / tbe_ms:9.0f} {torch_ms:9.3f} "
-              f"{gf / torch_ms:9.0f} {torch_ms / tbe_ms:7.2f} {err:9.1e} {build_s:6.1f}",
-              flush=True)
+        best = min(torch_ms, key=torch_ms.get)
+        tflops = flops / tbe_ms / 1e9
+        peak = _peak(gpu, dtype)
+        moved = sum(a.numel() * a.element_size() for a in args) + got.size * args[0].element_size()
+        row = {"shape": name, "op": op, "dtype": dtype, "tbe_ms": tbe_ms,
+               "tbe_tflops": tflops, "peak_pct": None if peak is None else 100 * tflops / peak,
+               "gbytes_per_s": moved / tbe_ms / 1e6, "torch_ms": torch_ms, "torch_layout": best,
+               "torch_tflops": flops / torch_ms[best] / 1e9,
+               "ratio": torch_ms[best] / tbe_ms, "rel_err": err, "build_s": build_s}
+        pct = "" if row["peak_pct"] is None else f"{row['peak_pct']:5.1f}%"
+        print(f"{name:14s} {op:3s} {dtype:8s} {tbe_ms:8.3f} {tflops:7.1f} {pct:>6s} "
+              f"{row['gbytes_per_s']:7.0f} {torch_ms['ncdhw']:8.3f} {torch_ms['ndhwc']:8.3f} "
+              f"{best:5s} {row['ratio']:6.2f} {err:8.1e} {build_s:6.1f}", flush=True)
+        rows.append(row)
+    return rows
 
 
 def _np_dtype(dtype: str):
@@ -206,13 +264,21 @@ def _np_dtype(dtype: str):
     return np.dtype(dtype)
 
 
+def _geomean(values) -> float:
+    return float(np.exp(np.mean(np.log(values)))) if values else float("nan")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
+    parser.add_argument("--dtype", nargs="*", default=["float16"],
+                        choices=["float16", "bfloat16", "float32"])
     parser.add_argument("--arch", default=None, help="CUDA arch, e.g. sm_90 (default: the GPU's)")
     parser.add_argument("--only", nargs="*", choices=list(SUITE), help="shapes to run")
     parser.add_argument("--ops", nargs="*", default=["dw", "dx"], choices=["dw", "dx"])
-    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--jobs", type=int, default=os.cpu_count(),
+                        help="kernels built in parallel processes before timing")
+    parser.add_argument("--json", default=None, help="write the rows to this JSON file")
     args = parser.parse_args(argv)
 
     reason = _missing()
@@ -224,13 +290,40 @@ def main(argv=None) -> int:
     torch.backends.cudnn.benchmark = True
     major, minor = torch.cuda.get_device_capability()
     arch = args.arch or f"sm_{major}{minor}"
-    print(f"GPU {torch.cuda.get_device_name()} ({arch}), torch {torch.__version__}, "
-          f"cuDNN {torch.backends.cudnn.version()}, dtype {args.dtype}")
-    print(f"{'shape':14s} {'op':3s} {'tbe ms':>9s} {'tbe GF/s':>9s} {'torch ms':>9s} "
-          f"{'torch GF/s':>9s} {'ratio':>7s} {'rel err':>9s} {'build':>6s}")
+    gpu = torch.cuda.get_device_name()
+    names = args.only or list(SUITE)
+    print(f"GPU {gpu} ({arch}), torch {torch.__version__}, cuDNN "
+          f"{torch.backends.cudnn.version()}; times are medians of CUDA-event batches; the "
+          "reference is cuDNN's faster layout (NCDHW or channels_last_3d)")
     with tempfile.TemporaryDirectory(prefix="bench_cuda_") as out_dir:
-        for name in args.only or list(SUITE):
-            _bench_shape(name, SUITE[name], args.ops, args.dtype, arch, args.repeat, out_dir)
+        jobs = [(op, n, SUITE[n], dt, arch, out_dir) for dt in args.dtype for n in names
+                for op in args.ops]
+        kernels = {}
+        t0 = time.perf_counter()
+        ctx = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(max(1, args.jobs), mp_context=ctx) as pool:
+            for job, (kname, flops, build_s) in pool.map(_build_job, jobs):
+                kernels[(job[0], job[1], job[3])] = (os.path.join(out_dir, kname + ".json"),
+                                                      flops, build_s)
+        print(f"built {len(jobs)} kernels in {time.perf_counter() - t0:.0f} s")
+        print(f"{'shape':14s} {'op':3s} {'dtype':8s} {'tbe ms':>8s} {'TFLOP/s':>7s} "
+              f"{'peak':>6s} {'GB/s':>7s} {'ncdhw ms':>8s} {'ndhwc ms':>8s} {'best':5s} "
+              f"{'ratio':>6s} {'rel err':>8s} {'build':>6s}")
+        rows = []
+        for dt in args.dtype:
+            for n in names:
+                rows += _bench_shape(n, SUITE[n], args.ops, dt, args.repeat, kernels, gpu)
+    for dt in args.dtype:
+        for op in args.ops:
+            sel = [r["ratio"] for r in rows if r["dtype"] == dt and r["op"] == op]
+            dense = [r["ratio"] for r in rows if r["dtype"] == dt and r["op"] == op
+                     and SUITE[r["shape"]].groups < SUITE[r["shape"]].cin]
+            print(f"geomean torch/tbe_like {dt} {op}: {_geomean(sel):.2f} "
+                  f"(min {min(sel):.2f}; without depthwise min {min(dense):.2f})")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"gpu": gpu, "arch": arch, "torch": torch.__version__,
+                       "cudnn": torch.backends.cudnn.version(), "rows": rows}, fh, indent=1)
     return 0
 
 

@@ -170,6 +170,28 @@ def exported(array: Any) -> Any:
     return array
 
 
+def on_host(array: Any) -> bool:
+    """Whether ``array`` is an array in the CPU's memory (NumPy, a CPU tensor, ...)."""
+    try:
+        return view_of(array).device == _DL_CPU
+    except TypeError:
+        return False
+
+
+def to_device(array: Any, dev: Any) -> Any:
+    """A TVM tensor on ``dev`` holding a copy of the host array ``array``."""
+    if not view_of(array).contiguous or not view_of(array).exportable:
+        array = _contiguous(array)
+    tensor = tvm_runtime.empty(tuple(array.shape), dtype_name(array), dev)
+    tensor.copyfrom(_tensor(exported(array)))
+    return tensor
+
+
+def to_host(tensor: Any, host: Any) -> None:
+    """Copy the TVM tensor ``tensor`` (on a GPU) into the contiguous host array ``host``."""
+    tensor.copyto(_tensor(exported(host)))
+
+
 def _aligned_empty(shape: Sequence[int], dtype: np.dtype, alignment: int) -> np.ndarray:
     raw = np.empty(math.prod(shape) * dtype.itemsize + alignment, np.uint8)
     start = -raw.ctypes.data % alignment

@@ -111,7 +111,8 @@ class Kernel:
             return tvm_runtime.cuda(0)
         return tvm_runtime.cpu(0)
 
-    def _view(self, role: str, spec: TensorSpec, array: Any) -> arrays.View:
+    def _view(self, role: str, spec: TensorSpec, array: Any,
+              device: int | None = None) -> arrays.View:
         """``array``'s view, checked against ``spec`` and this kernel's device."""
         try:
             view = arrays.view_of(array)
@@ -125,7 +126,8 @@ class Kernel:
         if view.dtype != spec.dtype:
             raise ValueError(f"kernel {self.name}: {role} {spec.name!r} must have dtype "
                              f"{spec.dtype}, got {view.dtype}")
-        device = arrays.DEVICE_TYPES[self.target_kind]
+        if device is None:
+            device = arrays.DEVICE_TYPES[self.target_kind]
         if view.device != device:
             raise ValueError(f"kernel {self.name}: {role} {spec.name!r} must be on the "
                              f"{self.target_kind} kernel's device "
@@ -175,7 +177,9 @@ class Kernel:
         default new arrays of the first input's library (NumPy in, NumPy out; torch in, torch
         out, on the same device).
         """
-        self._device()  # a CUDA kernel where no GPU is: KernelLoadError before any check
+        dev = self._device()  # a CUDA kernel where no GPU is: KernelLoadError before any check
+        if self.target_kind == "cuda" and inputs and all(map(arrays.on_host, inputs)):
+            return self._call_from_host(inputs, out, dev)
         args, views = self._args(inputs)
         results, written = self._outs(inputs[0], out, views)
         self._func(*args, *(arg for _, arg, _ in written))
@@ -184,10 +188,38 @@ class Kernel:
                 arrays.copy_into(target, copy)
         return results[0] if len(results) == 1 else tuple(results)
 
-    def runner(self, *inputs: Any):
+    def _call_from_host(self, inputs: Sequence[Any], out: Any, dev: Any) -> Any:
+        """A CUDA kernel called with host arrays (NumPy, CPU tensors): each input is copied to
+        the GPU, the results are copied back into new arrays of the first input's library (or
+        ``out=``). The copies cost what a transfer costs; GPU arrays avoid them."""
+        staged = []
+        for spec, a in zip(self.inputs, inputs, strict=True):
+            if len(inputs) == len(self.inputs):
+                self._view("input", spec, a, device=arrays.DEVICE_TYPES["llvm"])
+            staged.append(arrays.to_device(a, dev))
+        if len(staged) != len(self.inputs):
+            self._args(staged)  # the arity error, worded as for GPU arrays
+        results = [self._spares.empty(i, inputs[0], t.shape, t.dtype, 1)
+                   for i, t in enumerate(self.outputs)]
+        on_gpu = [tvm_runtime.empty(t.shape, t.dtype, dev) for t in self.outputs]
+        self._func(*staged, *on_gpu)
+        for host, gpu in zip(results, on_gpu, strict=True):
+            arrays.to_host(gpu, host)
+        if out is not None:
+            outs = list(out) if isinstance(out, (tuple, list)) else [out]
+            if len(outs) != len(self.outputs):
+                raise TypeError(f"kernel {self.name}: out must be {len(self.outputs)} "
+                                f"array(s), got {len(outs)}")
+            for o, r in zip(outs, results, strict=True):
+                arrays.copy_into(o, r)
+            results = outs
+        return results[0] if len(results) == 1 else tuple(results)
+
+    def runner(self, *inputs: Any, sync: bool = True):
         """A function of no arguments that runs the kernel once on ``inputs`` and waits for it:
         the kernel alone, for timing it side by side with something else. NumPy inputs of a
-        CUDA kernel are copied to the GPU once, here; outputs are allocated once."""
+        CUDA kernel are copied to the GPU once, here; outputs are allocated once. ``sync=False``:
+        a CUDA kernel is only launched (for timing many launches between two GPU events)."""
         dev = self._device()
         if self.target_kind == "cuda":
             inputs = [tvm_runtime.tensor(a, dev) if isinstance(a, np.ndarray) else a
@@ -197,7 +229,8 @@ class Kernel:
 
         def run() -> None:
             self._func(*args)
-            dev.sync()
+            if sync:
+                dev.sync()
 
         return run
 

@@ -491,3 +491,60 @@ def test_gpu_input_gradient(cuda_kernel, kernel_dir, name, dtype):
                                          conv.dilations, groups=conv.groups)
     expected = layout.to_ndc1hwc0(expected).reshape(dx.shape)
     np.testing.assert_allclose(dx, expected, rtol=0, atol=GPU_RTOL * np.abs(expected).max())
+
+
+def _device_arch() -> str:
+    return "sm_" + tvm_runtime.cuda(0).compute_version.replace(".", "")
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_torch_tensors_are_read_in_place(dtype):
+    """``ops.convolution_backward`` on torch CUDA tensors, built for the GPU's own arch: the
+    gradients come back as torch tensors on the same GPU and match cuDNN's."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch sees no CUDA device")
+    from tbe_like import ops
+
+    tdt = getattr(torch, dtype)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn((2, 20, 6, 9, 10), generator=gen).to(tdt).cuda()
+    w = torch.randn((36, 20, 3, 2, 3), generator=gen).to(tdt).cuda()
+    kw = dict(stride=[1, 2, 1], padding=[1, 0, 1], dilation=[1, 1, 2], transposed=False,
+              output_padding=[0, 0, 0], groups=1, output_mask=(True, True, True))
+    go_shape = torch.nn.functional.conv3d(x.float(), w.float(), None, kw["stride"],
+                                          kw["padding"], kw["dilation"]).shape
+    go = torch.randn(go_shape, generator=gen).to(tdt).cuda()
+    got = ops.convolution_backward(go, x, w, bias_sizes=[36],
+                                   target={"kind": "cuda", "arch": _device_arch()}, **kw)
+    want = torch.ops.aten.convolution_backward(
+        go.double(), x.double(), w.double(), [36], kw["stride"], kw["padding"], kw["dilation"],
+        False, [0, 0, 0], 1, [True, True, True])
+    for g, e in zip(got, want, strict=True):
+        assert isinstance(g, torch.Tensor) and g.is_cuda and g.dtype == tdt, msg(g)
+        err = (g.double() - e).abs().max().item()
+        assert err <= 2e-2 * e.abs().max().item(), msg(dtype, err)
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_gpu_torch_conv3d_module_trains():
+    """``tbe_like.torch.Conv3d`` on the GPU: its gradients are cuDNN's (float32 operands)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch sees no CUDA device")
+    import tbe_like.torch as tt
+
+    torch.manual_seed(0)
+    ours = tt.Conv3d(8, 16, 3, stride=(1, 2, 2), padding=1).cuda()
+    theirs = torch.nn.Conv3d(8, 16, 3, stride=(1, 2, 2), padding=1).cuda()
+    theirs.load_state_dict(ours.state_dict())
+    x = torch.randn(2, 8, 6, 12, 12, device="cuda")
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ours(xa).square().sum().backward()
+    theirs(xb).square().sum().backward()
+    for a, b in ((xa.grad, xb.grad), (ours.weight.grad, theirs.weight.grad),
+                 (ours.bias.grad, theirs.bias.grad)):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3 * b.abs().max().item())
