@@ -130,7 +130,7 @@ def main(argv=None) -> int:
                     if path is None:
                         times.append((float("inf"), job[4], knobs))
                         continue
-                    run, result = _run(path, targs, [int(d) for d in out.shape], out.dtype)
+                    run, result = _run(path, targs, [int(d) for d in out.shape], str(out.dtype))
                     run()
                     torch.cuda.synchronize()
                     got = result.float().cpu().numpy()
