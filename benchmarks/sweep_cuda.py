@@ -6,7 +6,8 @@ For every shape and gradient of ``bench_cuda.SUITE``: the default knobs and ``--
 drawn from ``schedules.cuda.candidates`` (of the block with the most multiply-adds) are built in
 parallel processes, each checked against the default's result and timed with CUDA events. The
 table gives, per layer, the default's time, the best time, the best knobs and their ratio: what
-the rules in ``schedules/cuda/knobs.py`` leave on the table. ``--json`` keeps every
+the rules in ``schedules/cuda/knobs.py`` leave on the table. The second knob set of each
+layer is the default with its other kind of copy (``async_copy``). ``--json`` keeps every
 measurement (the data a rule or a cost model is fitted on).
 """
 
@@ -47,28 +48,38 @@ def _schedule(op: str, name: str, dtype: str, arch: str):
         if found is not None:
             extents.append(found)
     largest = max(extents, key=lambda e: int(np.prod(e)))
-    options = cuda_rules.candidates(largest, dtype, target)
+    options = cuda_rules.candidates(largest, dtype, target, _RULES[op])
     return sch, registry.lookup(_RULES[op], "cuda"), target, options
 
 
-def _sample(options: list, samples: int, seed: int) -> list[int]:
-    """The default (index 0) and ``samples`` other indices of ``options``."""
-    rest = list(range(1, len(options)))
+def _sample(options: list, samples: int, seed: int) -> list:
+    """The default (first of ``options``), the default with its other copy kind, and
+    ``samples`` others drawn from ``options``."""
+    from dataclasses import replace
+
+    default = options[0]
+    chosen = {default: None}
+    if hasattr(default.tile, "async_copy"):
+        flipped = replace(default.tile, async_copy=not default.tile.async_copy)
+        chosen[replace(default, tile=flipped)] = None
+    rest = list(options[1:])
     random.Random(seed).shuffle(rest)
-    return [0, *sorted(rest[:samples])]
+    for knobs in rest[:samples]:
+        chosen.setdefault(knobs, None)
+    return list(chosen)
 
 
 def _build(job):
     """Build knob set ``index`` of one gradient into ``out_dir``; (job, path or error)."""
     from tbe_like.bounds import compile_checked
 
-    op, name, dtype, arch, index, out_dir = job
+    op, name, dtype, arch, index, knobs, out_dir = job
     try:
-        sch, rule, target, options = _schedule(op, name, dtype, arch)
-        sch = rule(sch, SimpleNamespace(dtype=dtype), target, options[index])
+        sch, rule, target, _ = _schedule(op, name, dtype, arch)
+        sch = rule(sch, SimpleNamespace(dtype=dtype), target, knobs)
         path = os.path.join(out_dir, f"{op}_{name}_{dtype}_{index}.so")
         compile_checked(sch.mod, target).export_library(path)
-        return job, path, str(options[index])
+        return job, path, str(knobs)
     except Exception as e:  # a knob set the template cannot build: reported, not fatal
         return job, None, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
 
@@ -89,7 +100,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
     parser.add_argument("--only", nargs="*", choices=list(SUITE))
     parser.add_argument("--ops", nargs="*", default=["dw", "dx"], choices=["dw", "dx"])
-    parser.add_argument("--samples", type=int, default=40)
+    parser.add_argument("--samples", type=int, default=24)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--jobs", type=int, default=os.cpu_count())
     parser.add_argument("--json", default=None)
@@ -109,8 +120,9 @@ def main(argv=None) -> int:
         for name in names:
             for op in args.ops:
                 options = _schedule(op, name, args.dtype, arch)[3]
-                for index in _sample(options, args.samples, len(name) * 7 + len(op)):
-                    jobs.append((op, name, args.dtype, arch, index, out_dir))
+                for index, knobs in enumerate(_sample(options, args.samples,
+                                                      len(name) * 7 + len(op))):
+                    jobs.append((op, name, args.dtype, arch, index, knobs, out_dir))
         t0 = time.perf_counter()
         ctx = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=ctx) as pool:
@@ -144,13 +156,14 @@ def main(argv=None) -> int:
                 default = times[0][0]
                 ok = [t for t in times if np.isfinite(t[0])]
                 best = min(ok)
-                flops = 0
-                print(f"{name:14s} {op} default {default:8.3f} ms  best {best[0]:8.3f} ms "
-                      f"({default / best[0]:4.2f}x) {best[2]}", flush=True)
+                other = times[1][0] if len(times) > 1 else float("nan")
+                print(f"{name:14s} {op} default {default:8.3f} ms  other copy {other:8.3f} ms  "
+                      f"best {best[0]:8.3f} ms ({default / best[0]:4.2f}x) {best[2]}",
+                      flush=True)
                 wrong = [t for t in times if isinstance(t[2], str) and t[2].startswith("WRONG")]
                 for t in wrong:
                     print(f"    {t[2]}")
-                rows.append({"shape": name, "op": op, "dtype": args.dtype, "flops": flops,
+                rows.append({"shape": name, "op": op, "dtype": args.dtype,
                              "times": [{"ms": t[0], "index": t[1], "knobs": t[2]}
                                        for t in times]})
     if args.json:

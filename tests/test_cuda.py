@@ -230,6 +230,34 @@ def test_explicit_knobs_are_used():
     assert unbound_blocks(sch.mod) == []
 
 
+@pytest.mark.parametrize("async_copy", [True, False])
+def test_copy_kind_knob(async_copy):
+    """``async_copy=False``: the pipeline's copies are plain loads (cached in L1), no cp.async."""
+    _, res = _gemm_extents()
+    target = Target({"kind": "cuda", "arch": "sm_90"})
+    knobs = cuda_rules.Knobs(cuda_rules.TensorCoreTile(2, 2, 2, 2, 2, 3, async_copy))
+    sch = s_tir.Schedule(IRModule({"main": te.create_prim_func(
+        [*res.op.attrs["tbe_like.inputs"], res])}))
+    sch = registry.lookup("conv3d_backprop_filter", "cuda")(
+        sch, SimpleNamespace(dtype="float16"), target, knobs)
+    src = _compile_for(sch, target).mod.imports[0].inspect_source()
+    assert "mma.sync" in src
+    assert ("cp.async" in src) == async_copy
+
+
+def test_split_k_follows_the_gpu_and_the_operator():
+    """More SMs, more splits of the weight gradient's reduction; the input gradient's long
+    reductions split less (its partial sums are as large as its result)."""
+    extents = (1, 128, 1728, 100352)
+    dw = {arch: cuda_rules.default_knobs(extents, "float16", Target(
+        {"kind": "cuda", "arch": arch})).split_k for arch in ("sm_80", "sm_90")}
+    assert 1 < dw["sm_80"] < dw["sm_90"], dw
+    target = Target({"kind": "cuda", "arch": "sm_90"})
+    small = (1, 1024, 64, 3456)  # few output tiles: both operators split, dX less
+    dx = cuda_rules.default_knobs(small, "float16", target, "conv3d_backprop_input").split_k
+    assert 1 < dx < cuda_rules.default_knobs(small, "float16", target).split_k
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 @pytest.mark.parametrize("op", ["filter", "input"])
 def test_sampled_knobs_give_valid_kernels(op, seed):

@@ -26,12 +26,20 @@ TENSOR_CORE_SHARED_BYTES = 99 * 1024
 # Registers per thread: 255 is the hardware's limit; a warp's accumulators (8 float32 per
 # 16x16 tile) plus one row and one column of operand fragments must leave room for addresses.
 MAX_FRAGMENTS = 16
-# Streaming multiprocessors of the smallest target GPU (A100: 108; H100: 132): split-K aims for
-# two thread blocks per SM.
+# Streaming multiprocessors by compute capability (the data-center part of each: A100 108, H100
+# SXM 132; sm_86/sm_89 their largest parts), SM_COUNT for another arch. Split-K aims for
+# BLOCKS_PER_SM thread blocks per SM: what a default tensor-core tile's registers and shared
+# memory let an SM hold (measured on an H100, 2026-11-25: 3 blocks of 8 warps; splitting the
+# weight gradient's reduction to fill them ran 1.1-1.5x faster than filling two per SM).
+SM_COUNTS = {80: 108, 86: 84, 87: 16, 89: 128, 90: 132}
 SM_COUNT = 108
+BLOCKS_PER_SM = 3
 # A split of the reduction keeps at least this many K tiles (else the partial sums cost more
-# than the parallelism brings), and there are at most MAX_SPLIT_K splits.
-MIN_K_TILES_PER_SPLIT = 8
+# than the parallelism brings), and there are at most MAX_SPLIT_K splits. The input gradient's
+# result is as large as its input, and its partial sums cost more: measured on an H100, its
+# stride-2 and dilated layers ran 1.1-1.5x faster unsplit than with 2-4 splits of 4-8 K tiles.
+MIN_K_TILES_PER_SPLIT = {"conv3d_backprop_filter": 8, "conv3d_backprop_input": 32}
+DEFAULT_OP = "conv3d_backprop_filter"
 MAX_SPLIT_K = 64
 # Bytes per element of the staged operands (fp16/bf16 on tensor cores, fp32 on SIMT) and of the
 # float32 accumulators; rows of the shared tiles are padded against bank conflicts.
@@ -54,6 +62,9 @@ class TensorCoreTile:
     frag_n: int  # 16x16 accumulator tiles per warp along J
     k_frags: int  # 16-deep K steps per shared-memory stage
     stages: int = 2  # shared-memory buffers of the software pipeline (stages - 1 copies ahead)
+    # The copies to shared memory are cp.async (bypassing L1) or plain loads (cached in L1,
+    # which serves the overlapping windows the im2col of neighbouring taps reads).
+    async_copy: bool = True
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -146,34 +157,45 @@ def _simt_tile(m: int, n: int, k: int) -> SimtTile:
                     _fit(n, threads_n, (1, 2, 4)), 16 if k >= 16 else 8)
 
 
-def _split_for(extents: tuple[int, ...], tile) -> int:
+def sm_count(target) -> int:
+    """The streaming multiprocessors of the target's GPU (its ``arch``)."""
+    arch = str(target.attrs.get("arch", "")) if target is not None else ""
+    digits = arch.removeprefix("sm_").rstrip("a")
+    return SM_COUNTS.get(int(digits), SM_COUNT) if digits.isdigit() else SM_COUNT
+
+
+def _split_for(extents: tuple[int, ...], tile, target, op: str = DEFAULT_OP) -> int:
     s, m, n, k = extents
     tm, tn, tk = tile.shape
     blocks = s * math.ceil(m / tm) * math.ceil(n / tn)
-    most = min(MAX_SPLIT_K, max(1, k // (tk * MIN_K_TILES_PER_SPLIT)))
-    return max(1, min(most, math.ceil(2 * SM_COUNT / blocks)))
+    most = min(MAX_SPLIT_K, max(1, k // (tk * MIN_K_TILES_PER_SPLIT[op])))
+    return max(1, min(most, math.ceil(BLOCKS_PER_SM * sm_count(target) / blocks)))
 
 
-def default_knobs(extents: tuple[int, int, int, int], dtype: str, target) -> Knobs:
-    """Knobs for a GEMM block of (S, I, J, K) ``extents`` with ``dtype`` operands."""
+def default_knobs(extents: tuple[int, int, int, int], dtype: str, target,
+                  op: str = DEFAULT_OP) -> Knobs:
+    """Knobs for a GEMM block of (S, I, J, K) ``extents`` with ``dtype`` operands, in the
+    operator ``op`` (``conv3d_backprop_filter`` or ``conv3d_backprop_input``)."""
     _, m, n, k = extents
     tile = (_tensor_core_tile(m, n, k) if uses_tensor_cores(dtype, target)
             else _simt_tile(m, n, k))
-    return Knobs(tile, _split_for(extents, tile))
+    return Knobs(tile, _split_for(extents, tile, target, op))
 
 
-def candidates(extents: tuple[int, int, int, int], dtype: str, target) -> list[Knobs]:
+def candidates(extents: tuple[int, int, int, int], dtype: str, target,
+               op: str = DEFAULT_OP) -> list[Knobs]:
     """The knob values a tuner may try for one GEMM block (the default first).
 
     Tiles that would be more than half padding along I or J (twice the extent or more) are
     left out: they compute the same values as a smaller tile, on more zeros.
     """
     _, m, n, _ = extents
-    default = default_knobs(extents, dtype, target)
+    default = default_knobs(extents, dtype, target, op)
     found = {default: None}
     if isinstance(default.tile, TensorCoreTile):
-        tiles = [TensorCoreTile(wm, wn, fm, fn, kf, st) for wm in (1, 2, 4) for wn in (1, 2, 4)
-                 for fm in (1, 2, 4) for fn in (1, 2, 4) for kf in (1, 2, 4) for st in (2, 3, 4)
+        tiles = [TensorCoreTile(wm, wn, fm, fn, kf, st, copy) for wm in (1, 2, 4)
+                 for wn in (1, 2, 4) for fm in (1, 2, 4) for fn in (1, 2, 4) for kf in (1, 2, 4)
+                 for st in (2, 3, 4) for copy in (True, False)
                  if wm * wn <= 8 and fm * fn <= MAX_FRAGMENTS]
     else:
         tiles = [SimtTile(tm, tn, rm, rn, tk) for tm in (8, 16) for tn in (8, 16, 32)
@@ -184,15 +206,16 @@ def candidates(extents: tuple[int, int, int, int], dtype: str, target) -> list[K
         if (tile.shared_bytes() > tile.shared_limit() or tm >= 2 * max(m, FRAG)
                 or tn >= 2 * max(n, FRAG)):
             continue
-        best = _split_for(extents, tile)
+        best = _split_for(extents, tile, target, op)
         for split in sorted({1, best, 2 * best}):
             found.setdefault(Knobs(tile, min(split, MAX_SPLIT_K)), None)
     return list(found)
 
 
-def sample_knobs(sch, extents: tuple[int, int, int, int], dtype: str, target) -> Knobs:
+def sample_knobs(sch, extents: tuple[int, int, int, int], dtype: str, target,
+                 op: str = DEFAULT_OP) -> Knobs:
     """One of ``candidates``, drawn (uniformly) as a decision recorded in the schedule's trace."""
-    options = candidates(extents, dtype, target)
+    options = candidates(extents, dtype, target, op)
     index = sch.sample_categorical(list(range(len(options))), [1 / len(options)] * len(options))
     return options[int(sch.get(index))]
 

@@ -121,7 +121,8 @@ def tensor_core(sch, block, tile: TensorCoreTile, dtype: str):
     # Stage s of the pipeline copies K tile k0 + s while tile k0 is multiplied.
     sch.annotate(k0, "software_pipeline_stage", [0, 0, tile.stages - 1])
     sch.annotate(k0, "software_pipeline_order", [0, 1, 2])
-    sch.annotate(k0, "software_pipeline_async_stages", [0])
+    if tile.async_copy:
+        sch.annotate(k0, "software_pipeline_async_stages", [0])
 
     if tensorizing():
         sch.tensorize(_fragment_tiles(sch, frags[0]), intrins.load_a)
@@ -164,9 +165,9 @@ def simt(sch, block, tile: SimtTile):
 
 def _knobs_for(op: str, sch, extents, dtype: str, target, knobs) -> Knobs:
     if knobs is None:
-        return default_knobs(extents, dtype, target)
+        return default_knobs(extents, dtype, target, op)
     if isinstance(knobs, str) and knobs == SAMPLE:
-        return sample_knobs(sch, extents, dtype, target)
+        return sample_knobs(sch, extents, dtype, target, op)
     check_knobs(op, knobs, dtype, target)
     return knobs
 
