@@ -1,15 +1,18 @@
 """Time tbe_like's CUDA kernels against PyTorch's cuDNN ``convolution_backward``.
 
-    python benchmarks/bench_cuda.py [--dtype float16] [--arch sm_90] [--only seed000] [--ops dw dx]
+    python benchmarks/bench_cuda.py [--dtype float16 bfloat16 float32] [--only seed000] [--json F]
 
 For every shape of the suite, both gradients are built with ``dsl.auto_schedule(res,
-target={"kind": "cuda", "arch": ...})`` + ``dsl.build`` (nvcc, ahead of time) and timed on
-NDC1HWC0 / FRACTAL_Z_3D inputs already on the GPU; PyTorch times
-``torch.ops.aten.convolution_backward`` (cuDNN, ``cudnn.benchmark`` on) on NCDHW tensors with
-only the matching gradient in ``output_mask``. Asymmetric pads (seed 000) are applied to the
-input beforehand, outside the timing. The table gives milliseconds, GFLOP/s (2 * multiply-adds
-of the gradient) and the ratio torch_ms / tbe_ms (above 1: tbe_like is faster), plus the
-largest error of tbe_like's result relative to PyTorch's.
+target={"kind": "cuda", "arch": ...})`` + ``dsl.build`` (in parallel processes, before any
+timing) and timed on NDC1HWC0 / FRACTAL_Z_3D torch tensors already on the GPU (read in place
+through DLPack); PyTorch times ``torch.ops.aten.convolution_backward`` (cuDNN, ``cudnn.benchmark``
+on) with only the matching gradient in ``output_mask``, on NCDHW and on channels_last_3d tensors:
+the faster layout is the reference. Both are timed with CUDA events around batches of launches
+(medians). Asymmetric pads (seed 000) are applied to the input beforehand, outside the timing.
+The table gives milliseconds, TFLOP/s (2 * multiply-adds of the gradient), the fraction of the
+GPU's data-sheet peak, bytes moved per second (what depthwise layers are bound by), cuDNN's
+times in both layouts, the ratio cuDNN / tbe_like (above 1: tbe_like is faster) and the largest
+error of tbe_like's result relative to cuDNN's.
 
 Needs an NVIDIA GPU, PyTorch built with CUDA, nvcc, and TVM's CUDA runtime; without them it says
 which is missing and exits with status 0.
