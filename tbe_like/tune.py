@@ -579,3 +579,317 @@ def records_fingerprint() -> str:
                 _FINGERPRINTS[key] = hashlib.sha256(path.read_bytes()).hexdigest()
             digest.update(_FINGERPRINTS[key].encode())
     return digest.hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------- many kernels
+
+
+@dataclass(frozen=True)
+class Task:
+    """One kernel to tune: its unscheduled PrimFunc, the rule as a search space, the untuned
+    schedule, its flops, and its weight (how many times the network runs it)."""
+
+    name: str
+    func: Any
+    space: Callable
+    default: Callable
+    flops: float
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class Rpc:
+    """Measure on the RPC servers a TVM tracker lends under ``key`` (same host class as this
+    machine: records are keyed by this machine's target)."""
+
+    tracker: str  # HOST:PORT
+    key: str
+    timeout_s: int = 60
+
+    def address(self) -> tuple[str, int]:
+        host, _, port = self.tracker.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"tune: rpc tracker must be HOST:PORT, got {self.tracker!r}")
+        return host, int(port)
+
+    def servers(self) -> int:
+        """How many servers the tracker holds for ``key`` (free ones and those in use)."""
+        from tvm import rpc
+
+        host, port = self.address()
+        queue = rpc.connect_tracker(host, port).summary().get("queue_info", {}).get(self.key, {})
+        return int(queue.get("free", 0)) + int(queue.get("pending", 0))
+
+
+def _runner(rpc: Rpc | None, target: Target):
+    ms = _ms()
+    evaluator = ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=50,
+                                          enable_cpu_cache_flush=False)
+    if rpc is None:
+        return ms.runner.LocalRunner(evaluator_config=evaluator)
+    host, port = rpc.address()
+    config = ms.runner.RPCConfig(tracker_host=host, tracker_port=port, tracker_key=rpc.key,
+                                 session_timeout_sec=rpc.timeout_s)
+    return ms.runner.RPCRunner(rpc_config=config, evaluator_config=evaluator,
+                               max_workers=max(1, rpc.servers()))
+
+
+@contextlib.contextmanager
+def _logs_to(folder: Path):
+    """MetaSchedule's and XGBoost's log lines go to files in ``folder``, not the terminal."""
+    import logging
+
+    folder.mkdir(parents=True, exist_ok=True)
+    root = logging.getLogger("tvm.s_tir.meta_schedule")
+    level, propagate = root.level, root.propagate
+    handler = logging.FileHandler(folder / "meta_schedule.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    root.setLevel(logging.WARNING)  # what create_loggers gives its console handler
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+        root.setLevel(level)
+        root.propagate = propagate
+        for h in list(root.handlers):  # the console handlers create_loggers added
+            if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
+                root.removeHandler(h)
+
+
+def measured_trials(search: str | os.PathLike, func) -> int:
+    """How many candidates of ``func``'s workload the ``search`` database holds."""
+    ms = _ms()
+    if not (Path(search) / RECORD_FILES[1]).is_file():
+        return 0
+    db = ms.database.JSONDatabase(work_dir=str(search), allow_missing=False)
+    mod = workload(func)
+    if not db.has_workload(mod):
+        return 0
+    return len(db.get_top_k(db.commit_workload(mod), 1 << 30))
+
+
+def _network_progress(tasks: list[Task], total: int, out):
+    from tvm.ir.utils import derived_object
+
+    ms = _ms()
+
+    @derived_object
+    class Progress(ms.measure_callback.PyMeasureCallback):
+        """One line per kernel as its candidates come back, then an overall bar."""
+
+        def __init__(self):
+            self.done = 0
+            self.best = [math.inf] * len(tasks)
+            self.start = time.perf_counter()
+
+        def apply(self, task_scheduler, task_id, measure_candidates, builder_results,
+                  runner_results):
+            for result in runner_results:
+                self.done += 1
+                if result.run_secs:
+                    secs = sum(float(s) for s in result.run_secs) / len(result.run_secs)
+                    self.best[task_id] = min(self.best[task_id], secs)
+            task, best = tasks[task_id], self.best[task_id]
+            speed = (f"best {best * 1e3:.3f} ms ({task.flops / best / 1e9:.1f} GFLOP/s)"
+                     if best < math.inf else "no valid candidate yet")
+            width = 30
+            filled = min(width, width * self.done // max(total, 1))
+            print(f"  {task.name}: {len(runner_results)} measured, {speed}", file=out)
+            print(f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{total} trials, "
+                  f"{time.perf_counter() - self.start:.0f} s", file=out, flush=True)
+
+    return Progress()
+
+
+def tune_tasks(tasks: list[Task], target: Target, records: str | os.PathLike, *,
+               trials: int | None = None, budget_s: float | None = None, per_iter: int = 16,
+               rpc: Rpc | None = None, search: str | os.PathLike | None = None,
+               out=sys.stderr) -> dict[str, tuple[float, float]]:
+    """Tune several kernels together (a network's layers) into ``records``.
+
+    MetaSchedule's gradient task scheduler shares the trials among the kernels by expected
+    gain (each weighted by ``Task.weight``); every measured candidate goes to
+    ``search`` (default ``<records>/search``) as soon as it is measured, so an interrupted
+    tune keeps its work and a
+    second run with the same ``trials`` continues: the kernels' measured candidates count
+    against ``trials`` (a global total) and seed the search. ``budget_s`` instead of
+    ``trials``: a first round of ``per_iter`` trials per kernel times a trial, and the rest of
+    the budget sets the trials of the second. Candidates are built here (in parallel) and
+    measured here or, with ``rpc``, on the tracker's servers. Then, per kernel, the best
+    candidates are raced against the untuned template here and stored only if faster
+    (:func:`select`). Log lines go to ``<records>/logs``. Returns ``{name: (best seconds,
+    untuned seconds)}``.
+    """
+    ms = _ms()
+    if (trials is None) == (budget_s is None):
+        raise ValueError("tune: give trials or a time budget")
+    records = Path(records)
+    search = Path(search) if search is not None else records / "search"
+    search.mkdir(parents=True, exist_ok=True)
+    logs = records / "logs" / time.strftime("%Y%m%d-%H%M%S")
+    register_build_func()
+    cost_model = ms.cost_model.XGBModel(extractor=ms.feature_extractor.PerStoreFeature(),
+                                         adaptive_training=True)
+    start = time.perf_counter()
+    with _logs_to(logs):
+        if trials is not None:
+            done = sum(min(measured_trials(search, t.func), trials) for t in tasks)
+            rounds = [max(0, trials - done)]
+            if done:
+                print(f"continuing: {done} of {trials} trials were measured before "
+                      f"({search})", file=out)
+        else:
+            rounds = [per_iter * len(tasks), None]
+        for planned in rounds:
+            if planned is None:  # the budget's second round, from the first one's pace
+                per_trial = (time.perf_counter() - start) / max(1, per_iter * len(tasks))
+                planned = int((budget_s - (time.perf_counter() - start)) / per_trial)
+                planned -= planned % per_iter
+            if planned <= 0:
+                continue
+            _tune_round(tasks, target, search, logs, planned, per_iter, rpc, cost_model, out)
+    results = {}
+    for task in tasks:
+        best, base = select(task.func, task.default, target, search, records, out=out)
+        results[task.name] = (best, base)
+        print(f"{task.name}: {best * 1e3:.3f} ms (untuned {base * 1e3:.3f} ms)", file=out)
+    return results
+
+
+def _strategy(per_iter: int):
+    """MetaSchedule's evolutionary search sized for the rules' spaces (a few categorical and
+    tile decisions each, thousands of points at most): a population of 8 batches (at most
+    MetaSchedule's 512). Each member is a run of the rule and a cost-model score; with 512 a
+    2-core machine spent 17 s per generation on a kernel that builds in 1 s."""
+    ms = _ms()
+    population = max(32, min(512, 8 * per_iter))
+    return ms.search_strategy.EvolutionarySearch(
+        population_size=population, init_min_unmeasured=min(50, population // 2))
+
+
+def _tune_round(tasks, target, search, logs, trials, per_iter, rpc, cost_model, out):
+    import logging
+
+    from .target import cpu_count
+
+    ms = _ms()
+    db = ms.database.JSONDatabase(work_dir=str(search))
+    names = [f"{i:02d}_{t.name}" for i, t in enumerate(tasks)]
+    loggers = []
+    for name in names:
+        logger = logging.getLogger(f"tvm.s_tir.meta_schedule.tbe_like.{name}")
+        if not logger.handlers:
+            handler = logging.FileHandler(logs / f"task_{name}.log")
+            logger.addHandler(handler)
+        logger.setLevel(logging.DEBUG)
+        loggers.append(logger)
+    contexts = [ms.TuneContext(mod=workload(t.func), target=target,
+                               space_generator=ms.space_generator.ScheduleFn(t.space),
+                               search_strategy=_strategy(per_iter), task_name=name,
+                               num_threads=cpu_count(), logger=logger).clone()
+                for t, name, logger in zip(tasks, names, loggers, strict=True)]
+    callbacks = [ms.measure_callback.AddToDatabase(), ms.measure_callback.RemoveBuildArtifact(),
+                 ms.measure_callback.UpdateCostModel(), _network_progress(tasks, trials, out)]
+    with tempfile.TemporaryDirectory(prefix="tbe_like_tune_") as work:
+        ms.tune_tasks(
+            tasks=contexts, task_weights=[t.weight for t in tasks], work_dir=work,
+            max_trials_global=trials, num_trials_per_iter=min(per_iter, trials),
+            builder=ms.builder.LocalBuilder(f_build=BUILD_FUNC, initializer=register_build_func,
+                                            timeout_sec=300),
+            runner=_runner(rpc, target), database=db, cost_model=cost_model,
+            measure_callbacks=callbacks, task_scheduler="gradient")
+
+
+# ----------------------------------------------------------------------------- records folders
+
+
+def _mean(secs) -> float:
+    secs = [float(s) for s in (secs or [])]
+    return sum(secs) / len(secs) if secs else math.inf
+
+
+def record_rows(folder: str | os.PathLike) -> list[dict]:
+    """What a records folder holds: per record its workload (a structural hash and the
+    PrimFunc's name), target key and measured seconds."""
+    from tvm_ffi import structural_hash
+
+    db = _open_records(folder)
+    if db is None:
+        return []
+    rows = []
+    for record in db.get_all_tuning_records():
+        mod = record.workload.mod
+        func = next(iter(mod.functions.values()))
+        name = func.attrs.get("global_symbol", "") if func.attrs is not None else ""
+        rows.append({"workload": f"{structural_hash(mod) & 0xFFFFFFFFFFFF:012x}",
+                     "name": str(name), "target": list(target_key(record.target))
+                     if record.target is not None else [], "seconds": _mean(record.run_secs)})
+    return rows
+
+
+def merge_records(source: str | os.PathLike, dest: str | os.PathLike,
+                  out=None) -> tuple[int, int]:
+    """Merge the records of ``source`` (a records folder, or a ``.tar.gz``/``.zip`` archive of
+    one) into ``dest``: a record goes in where ``dest`` has none for its workload and target
+    key, or a slower one. Returns ``(records added or replaced, records kept as they were)``."""
+    import shutil
+
+    source = Path(source)
+    with tempfile.TemporaryDirectory(prefix="tbe_like_merge_") as tmp:
+        if source.is_file():
+            shutil.unpack_archive(str(source), tmp)
+            found = [p.parent for p in Path(tmp).rglob(RECORD_FILES[1])
+                     if p.parent.name != "search"]
+            if not found:
+                raise ValueError(f"records merge: {source} holds no records folder")
+            folder = found[0]
+        else:
+            folder = source
+        src = _open_records(folder)
+        if src is None:
+            raise ValueError(f"records merge: {source} holds no records "
+                             f"({RECORD_FILES[1]} missing)")
+        changed = kept = 0
+        for record in src.get_all_tuning_records():
+            if record.target is None:
+                continue
+            mod = record.workload.mod
+            current_db = _open_records(dest)
+            current = None if current_db is None else _best_record(current_db, mod,
+                                                                   record.target)
+            if current is not None and _mean(current.run_secs) <= _mean(record.run_secs):
+                kept += 1
+                continue
+            replace_record(dest, mod, record.target, record, list(record.run_secs or []))
+            changed += 1
+    print(f"merged {source} into {dest}: {changed} added or replaced, {kept} kept",
+          file=out or sys.stderr)
+    return changed, kept
+
+
+def prune_records(folder: str | os.PathLike, keep: tuple[str, ...]) -> int:
+    """Remove from ``folder`` every record tuned for another target key than ``keep``;
+    returns how many went (the previous files stay as ``*.previous``)."""
+    import shutil
+
+    folder = Path(folder)
+    with _records_lock(folder):
+        db = _open_records(folder, locked=True)
+        if db is None:
+            return 0
+        old = list(db.get_all_tuning_records())
+        kept = [r for r in old if r.target is not None and target_key(r.target) == keep]
+        if len(kept) == len(old):
+            return 0
+        with tempfile.TemporaryDirectory(prefix="tbe_like_records_") as tmp:
+            for r in kept:
+                _append_record(tmp, r, r.workload.mod)
+            for name in RECORD_FILES:
+                if (folder / name).is_file():
+                    os.replace(folder / name, folder / (name + ".previous"))
+                if (Path(tmp) / name).is_file():
+                    shutil.copyfile(Path(tmp) / name, folder / name)
+    _GENERATION[0] += 1
+    return len(old) - len(kept)

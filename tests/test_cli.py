@@ -1,0 +1,218 @@
+"""The ``tbe-like`` command: network tuning (on this machine and on RPC servers through TVM's
+tracker), resuming, records folders, inspecting and building kernels."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tbe_like import cli, ops
+from tbe_like.cache import KernelCache
+from tbe_like.target import host_target
+from tbe_like.testing import reference as ref
+from tbe_like.tune import record_rows, select, target_key
+
+# One small layer (two kernels: its weight and input gradients), as a network file.
+TINY = {"name": "tiny", "half": "dev", "source": "a test layer", "input": "1x8x2x6x6",
+        "scaled": "no", "notes": [],
+        "layers": [{"name": "conv", "n": 1, "cin": 8, "spatial": [2, 6, 6], "cout": 8,
+                    "kernel": [1, 3, 3], "stride": [1, 1, 1], "pad": [0, 1, 1],
+                    "dilation": [1, 1, 1], "groups": 1, "count": 2}]}
+
+
+@pytest.fixture
+def tiny(tmp_path) -> Path:
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(TINY))
+    return path
+
+
+def _env(tmp_path) -> dict:
+    return dict(os.environ, TBE_LIKE_CACHE_DIR=str(tmp_path / "cache"), PYTHONUNBUFFERED="1")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _records_replay(search: Path, picked: Path, tmp_path: Path) -> None:
+    """Select a record of the tiny layer's weight gradient from ``search`` (no margin needed)
+    and check that a build of the layer replays it and gives PyTorch's numbers."""
+    target = host_target()
+    layer = TINY["layers"][0]
+    x = [layer["n"], layer["cin"], *layer["spatial"]]
+    task = cli.kernel_task("weight", x, layer["cout"], layer["kernel"], layer["stride"],
+                           layer["pad"], layer["dilation"], 1, "float32", 0, target)
+    select(task.func, task.default, target, search, picked, margin=-1.0)
+    assert record_rows(picked), picked
+    os.environ["TBE_LIKE_RECORDS"] = str(picked)
+    try:
+        rng = np.random.default_rng(0)
+        xs = rng.standard_normal(x).astype(np.float32)
+        w = rng.standard_normal((8, 8, *layer["kernel"])).astype(np.float32)
+        go = rng.standard_normal((1, 8, 2, 6, 6)).astype(np.float32)
+        kw = dict(stride=layer["stride"], padding=layer["pad"], dilation=1,
+                  output_mask=(False, True, False))
+        ex = ops.prepare_convolution_backward(go, xs, w, bias_sizes=None,
+                                              cache=KernelCache(tmp_path / "kc"), **kw)
+        assert ex.kernels["grad_weight"].metadata["para_dict"]["tuned"] is True
+        want = ref.convolution_backward(go, xs, w, transposed=False, output_padding=0,
+                                        groups=1, **kw)[1]
+        np.testing.assert_allclose(ex(go, xs, w)[1], want, rtol=0,
+                                   atol=1e-5 * np.abs(want).max())
+    finally:
+        del os.environ["TBE_LIKE_RECORDS"]
+
+
+def test_tune_on_two_rpc_servers(tmp_path, tiny):
+    """A tracker and two servers on 127.0.0.1: candidates built here, measured there."""
+    pytest.importorskip("tornado")
+    from tvm import rpc
+
+    port, key = _free_port(), "tbe-like-test"
+    env = _env(tmp_path)
+    procs, logs = [], []
+    try:
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port",
+             str(port), "--port-end", str(port + 1)], env=env,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        deadline = time.time() + 60
+        for i in range(2):
+            logs.append(tmp_path / f"server{i}.log")
+            server_port = _free_port()
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port",
+                 str(server_port), "--port-end", str(server_port + 1), "--tracker",
+                 f"127.0.0.1:{port}", "--key", key], env=env, stdout=logs[-1].open("w"),
+                stderr=subprocess.STDOUT))
+        while True:  # both servers registered
+            try:
+                queue = rpc.connect_tracker("127.0.0.1", port).summary()["queue_info"]
+                if queue.get(key, {}).get("free", 0) == 2:
+                    break
+            except (OSError, RuntimeError):
+                pass
+            assert time.time() < deadline, "the RPC servers did not register"
+            time.sleep(0.5)
+        records = tmp_path / "records"
+        done = subprocess.run(
+            [sys.executable, "-m", "tbe_like", "tune", "--network", str(tiny), "--trials", "2",
+             "--per-iter", "2", "--records", str(records), "--rpc-tracker",
+             f"127.0.0.1:{port}", "--rpc-key", key], capture_output=True, text=True,
+            timeout=600, env=env, check=False)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    served = [log.read_text().count("load_module") for log in logs]
+    assert all(n > 0 for n in served), served  # both servers measured candidates
+    assert "conv.weight" in done.stderr and "conv.input" in done.stderr, done.stderr
+    assert "DEBUG" not in done.stdout + done.stderr  # MetaSchedule's lines went to the logs
+    assert list((records / "logs").glob("*/meta_schedule.log"))
+    search = records / "search" / "database_tuning_record.json"
+    assert len(search.read_text().splitlines()) >= 4, search.read_text()
+    _records_replay(records / "search", tmp_path / "picked", tmp_path)
+
+
+@pytest.mark.slow
+def test_interrupted_tune_continues(tmp_path, tiny):
+    """Ctrl-C halfway keeps what was measured; the same command again counts it and finishes
+    (the records it keeps are never slower than the untuned template: ``tune.select``)."""
+    records = tmp_path / "records"
+    command = [sys.executable, "-m", "tbe_like", "tune", "--network", str(tiny), "--trials",
+               "4", "--per-iter", "2", "--records", str(records)]
+    search = records / "search" / "database_tuning_record.json"
+    first = subprocess.Popen(command, env=_env(tmp_path), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not (search.is_file() and len(search.read_text().splitlines()) >= 2):
+        assert first.poll() is None and time.time() < deadline, first.communicate()
+        time.sleep(0.5)
+    first.send_signal(signal.SIGINT)
+    _, err = first.communicate(timeout=120)
+    measured = len(search.read_text().splitlines())
+    assert first.returncode != 0 and measured < 8, (first.returncode, measured, err[-2000:])
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                          env=_env(tmp_path), check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"continuing: {measured} of 8 trials" in done.stderr, done.stderr[-3000:]
+    assert len(search.read_text().splitlines()) >= 8
+    _records_replay(records / "search", tmp_path / "picked", tmp_path)
+
+
+def _shipped_copy(tmp_path) -> Path:
+    import shutil
+
+    from tbe_like.tune import RECORD_FILES, SHIPPED_RECORDS
+
+    folder = tmp_path / "shipped"
+    folder.mkdir()
+    for name in RECORD_FILES:
+        shutil.copyfile(SHIPPED_RECORDS / name, folder / name)
+    return folder
+
+
+def test_records_merge_list_prune(tmp_path, capsys):
+    import shutil
+
+    shipped = _shipped_copy(tmp_path)
+    rows = record_rows(shipped)
+    assert rows
+    archive = shutil.make_archive(str(tmp_path / "other"), "gztar", root_dir=tmp_path,
+                                  base_dir="shipped")
+    mine = tmp_path / "mine"
+    assert cli.main(["records", "merge", archive, "--records", str(mine)]) == 0
+    assert len(record_rows(mine)) == len(rows)
+    # Merging the same records again changes nothing (none is faster than what is there).
+    assert cli.main(["records", "merge", str(shipped), "--records", str(mine)]) == 0
+    assert f"0 added or replaced, {len(rows)} kept" in capsys.readouterr().err
+    assert cli.main(["records", "list", "--json", "--records", str(mine)]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert sorted(r["workload"] for r in listed) == sorted(r["workload"] for r in rows)
+    assert cli.main(["records", "prune", "--records", str(mine)]) == 0
+    host = list(target_key(host_target()))
+    kept = record_rows(mine)
+    assert all(r["target"] == host for r in kept)
+    assert len(kept) == sum(r["target"] == host for r in rows)
+
+
+def test_records_merge_refuses_what_holds_no_records(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert cli.main(["records", "merge", str(tmp_path / "empty"), "--records",
+                     str(tmp_path / "mine")]) == 2
+    assert "records merge: " in capsys.readouterr().err
+
+
+def test_build_a_network_for_another_cpu_and_inspect_it(tmp_path, tiny, capsys):
+    target = {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 4}
+    out = tmp_path / "kernels"
+    assert cli.main(["build", "--network", str(tiny), "--target", json.dumps(target),
+                     "--out", str(out)]) == 0
+    assert "built for another machine" in capsys.readouterr().out
+    metas = sorted(out.glob("*.json"))
+    assert len(metas) == 2  # the layer's weight and input gradients
+    assert cli.main(["inspect", str(metas[0])]) == 0
+    shown = capsys.readouterr().out
+    assert "skylake-avx512" in shown and "input grad_output: float32[1, 8, 2, 6, 6]" in shown
+
+
+def test_tune_without_a_layer_or_network_says_what_is_missing():
+    with pytest.raises(SystemExit, match="give --network, or one layer with --gradient"):
+        cli.main(["tune", "--trials", "1"])
