@@ -129,7 +129,7 @@ def commands(text: str) -> list[list[str]]:
     for line in text.replace("\\\n", " ").splitlines():
         words: list[str] = []
         for word in [*shlex.split(line, comments=True), "&&"]:
-            if word == "&&":
+            if word in ("&&", "&"):  # "&": a command started in the background
                 if words:
                     out.append(words)
                 words = []
@@ -157,7 +157,9 @@ def markers() -> set[str]:
 
 
 def check_command(words: list[str], monkeypatch) -> None:
-    assert words[0] == "python", f"{words}: only python commands are expected"
+    if words[0] == "tbe-like":  # the console script: python -m tbe_like
+        words = ["python", "-m", "tbe_like", *words[1:]]
+    assert words[0] == "python", f"{words}: only python and tbe-like commands are expected"
     args = words[1:]
     if args[:3] == ["-m", "pip", "install"]:
         assert args[3] == "-e", words
@@ -170,8 +172,10 @@ def check_command(words: list[str], monkeypatch) -> None:
                 assert set(re.findall(r"\w+", value)) - {"not", "and", "or"} <= markers(), words
             if flag == "-n":
                 assert value == "auto", words
+    elif args[:2] in (["-m", "tvm.exec.rpc_tracker"], ["-m", "tvm.exec.rpc_server"]):
+        assert set(args[2::2]) <= {"--host", "--port", "--port-end", "--tracker", "--key"}, words
     elif args[:2] == ["-m", "tbe_like"]:
-        from tbe_like import __main__ as cli
+        from tbe_like import cli
 
         if len(args) == 3:  # the command named in prose, without its arguments
             with pytest.raises(SystemExit) as done:
