@@ -4,12 +4,14 @@
     tbe-like tune --network r2plus1d_18 --budget 30                  # a whole network, 30 min
     tbe-like tune --network my_net.json --trials 200 --rpc-tracker HOST:9190 --rpc-key zen4
     tbe-like records list | merge OTHER_FOLDER_OR_ARCHIVE | prune
+    tbe-like bench --network r2plus1d_18                              # vs PyTorch: table, JSON, PNG
     tbe-like inspect kernel_meta/dw_seed.json
     tbe-like build --network c3d --target '{"kind": "cuda", "arch": "sm_90"}' --out kernels/
 
 Records go to ``--records`` (default ``<cache dir>/records``, which builds read); log lines of
 MetaSchedule and XGBoost go to ``<records>/logs``, the terminal gets one line per kernel's
-batch of measurements and an overall bar.
+batch of measurements and an overall bar, and ``<records>/curves`` a tuning curve per kernel
+(JSON, and a PNG with matplotlib).
 """
 
 from __future__ import annotations
@@ -191,6 +193,17 @@ def _inspect(args) -> int:
     return 0
 
 
+def _bench(args) -> int:
+    """``tbe-like bench ...``: :mod:`tbe_like.bench` with the user's records applied."""
+    from . import bench
+
+    argv = list(args.rest)
+    if not any(a == "--records" or a.startswith("--records=") or a == "--untuned"
+               for a in argv):
+        argv += ["--records", str(_records_dir(argparse.Namespace(records=None)))]
+    return bench.main(argv, prog="tbe-like bench")
+
+
 def _build(args) -> int:
     from . import networks
     from .target import host_target, resolve_target
@@ -278,6 +291,11 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--records", default=None, help="records folder (default: the user's)")
     r.add_argument("--json", action="store_true", help="list: as JSON")
 
+    bench = sub.add_parser("bench", add_help=False,
+                           help="time the benchmark suite or a network's layers against PyTorch "
+                                "(table, JSON, bar chart); tbe-like bench --help")
+    bench.add_argument("rest", nargs=argparse.REMAINDER)
+
     i = sub.add_parser("inspect", help="what a built kernel is")
     i.add_argument("kernel", help="the kernel's .json (or .so)")
 
@@ -290,8 +308,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)
-    commands = {"tune": _tune, "records": _records, "inspect": _inspect, "build": _build}
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:  # its own parser (tbe_like.bench) takes the rest as it is
+        args = argparse.Namespace(command="bench", rest=argv[1:])
+    else:
+        args = parser().parse_args(argv)
+    commands = {"tune": _tune, "records": _records, "inspect": _inspect, "build": _build,
+                "bench": _bench}
     try:
         return commands[args.command](args)
     except KeyboardInterrupt:

@@ -670,10 +670,19 @@ def measured_trials(search: str | os.PathLike, func) -> int:
     return len(db.get_top_k(db.commit_workload(mod), 1 << 30))
 
 
-def _network_progress(tasks: list[Task], total: int, out):
+def _workload_hash(func) -> str:
+    from tvm_ffi import structural_hash
+
+    return f"{structural_hash(workload(func)) & 0xFFFFFFFFFFFF:012x}"
+
+
+def _network_progress(tasks: list[Task], total: int, out, curves: Path):
     from tvm.ir.utils import derived_object
 
+    from . import curves as tuning_curves
+
     ms = _ms()
+    hashes = [_workload_hash(t.func) for t in tasks]
 
     @derived_object
     class Progress(ms.measure_callback.PyMeasureCallback):
@@ -686,12 +695,14 @@ def _network_progress(tasks: list[Task], total: int, out):
 
         def apply(self, task_scheduler, task_id, measure_candidates, builder_results,
                   runner_results):
+            measured = []
             for result in runner_results:
                 self.done += 1
-                if result.run_secs:
-                    secs = sum(float(s) for s in result.run_secs) / len(result.run_secs)
-                    self.best[task_id] = min(self.best[task_id], secs)
+                secs = _mean(result.run_secs) if result.error_msg is None else math.inf
+                measured.append(secs)
+                self.best[task_id] = min(self.best[task_id], secs)
             task, best = tasks[task_id], self.best[task_id]
+            tuning_curves.append(curves, task.name, hashes[task_id], task.flops, measured)
             speed = (f"best {best * 1e3:.3f} ms ({task.flops / best / 1e9:.1f} GFLOP/s)"
                      if best < math.inf else "no valid candidate yet")
             width = 30
@@ -722,6 +733,8 @@ def tune_tasks(tasks: list[Task], target: Target, records: str | os.PathLike, *,
     (:func:`select`). Log lines go to ``<records>/logs``. Returns ``{name: (best seconds,
     untuned seconds)}``.
     """
+    from . import curves as tuning_curves
+
     ms = _ms()
     if (trials is None) == (budget_s is None):
         raise ValueError("tune: give trials or a time budget")
@@ -729,6 +742,7 @@ def tune_tasks(tasks: list[Task], target: Target, records: str | os.PathLike, *,
     search = Path(search) if search is not None else records / "search"
     search.mkdir(parents=True, exist_ok=True)
     logs = records / "logs" / time.strftime("%Y%m%d-%H%M%S")
+    curves = records / "curves"
     register_build_func()
     cost_model = ms.cost_model.XGBModel(extractor=ms.feature_extractor.PerStoreFeature(),
                                          adaptive_training=True)
@@ -749,12 +763,22 @@ def tune_tasks(tasks: list[Task], target: Target, records: str | os.PathLike, *,
                 planned -= planned % per_iter
             if planned <= 0:
                 continue
-            _tune_round(tasks, target, search, logs, planned, per_iter, rpc, cost_model, out)
-    results = {}
+            _tune_round(tasks, target, search, logs, planned, per_iter, rpc, cost_model, out,
+                        curves)
+    results, pictures = {}, []
     for task in tasks:
         best, base = select(task.func, task.default, target, search, records, out=out)
         results[task.name] = (best, base)
         print(f"{task.name}: {best * 1e3:.3f} ms (untuned {base * 1e3:.3f} ms)", file=out)
+        curve = tuning_curves.curve_path(curves, task.name, _workload_hash(task.func))
+        if curve.is_file():
+            tuning_curves.finish(curve, base, best)
+            pictures.append(tuning_curves.plot(curve))
+    if pictures and all(p is None for p in pictures):
+        print(f"tuning curves: data in {curves}; for pictures, {tuning_curves.PLOT_HINT}",
+              file=out)
+    elif pictures:
+        print(f"tuning curves: {curves}/*.png", file=out)
     return results
 
 
@@ -769,7 +793,7 @@ def _strategy(per_iter: int):
         population_size=population, init_min_unmeasured=min(50, population // 2))
 
 
-def _tune_round(tasks, target, search, logs, trials, per_iter, rpc, cost_model, out):
+def _tune_round(tasks, target, search, logs, trials, per_iter, rpc, cost_model, out, curves):
     import logging
 
     from .target import cpu_count
@@ -791,7 +815,8 @@ def _tune_round(tasks, target, search, logs, trials, per_iter, rpc, cost_model, 
                                num_threads=cpu_count(), logger=logger).clone()
                 for t, name, logger in zip(tasks, names, loggers, strict=True)]
     callbacks = [ms.measure_callback.AddToDatabase(), ms.measure_callback.RemoveBuildArtifact(),
-                 ms.measure_callback.UpdateCostModel(), _network_progress(tasks, trials, out)]
+                 ms.measure_callback.UpdateCostModel(),
+                 _network_progress(tasks, trials, out, curves)]
     with tempfile.TemporaryDirectory(prefix="tbe_like_tune_") as work:
         ms.tune_tasks(
             tasks=contexts, task_weights=[t.weight for t in tasks], work_dir=work,

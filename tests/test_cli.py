@@ -128,7 +128,28 @@ def test_tune_on_two_rpc_servers(tmp_path, tiny):
     assert list((records / "logs").glob("*/meta_schedule.log"))
     search = records / "search" / "database_tuning_record.json"
     assert len(search.read_text().splitlines()) >= 4, search.read_text()
+    _check_curves(records / "curves", ("conv.weight", "conv.input"), done.stderr)
     _records_replay(records / "search", tmp_path / "picked", tmp_path)
+
+
+def _check_curves(folder: Path, names, stderr: str) -> int:
+    """Each kernel has a tuning curve (its measured times and the untuned time) and, with
+    matplotlib, its picture; returns the number of points of all curves."""
+    points = 0
+    for name in names:
+        (path,) = folder.glob(f"{name}-*.json")
+        data = json.loads(path.read_text())
+        finite = [s for s in data["trials"] if s is not None]
+        assert finite and all(0 < s < 10 for s in finite), data
+        assert 0 < data["selected_s"] <= data["untuned_s"], data
+        points += len(data["trials"])
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            assert "tbe_like[plot]" in stderr
+        else:
+            assert path.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return points
 
 
 @pytest.mark.slow
@@ -154,6 +175,10 @@ def test_interrupted_tune_continues(tmp_path, tiny):
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"continuing: {measured} of 8 trials" in done.stderr, done.stderr[-3000:]
     assert len(search.read_text().splitlines()) >= 8
+    # The curves continue too: the first run's points (all but a batch the interrupt may have
+    # cut between the database and the curve), then the second run's.
+    points = _check_curves(records / "curves", ("conv.weight", "conv.input"), done.stderr)
+    assert 8 - 2 <= points <= len(search.read_text().splitlines()), points
     _records_replay(records / "search", tmp_path / "picked", tmp_path)
 
 
@@ -216,3 +241,41 @@ def test_build_a_network_for_another_cpu_and_inspect_it(tmp_path, tiny, capsys):
 def test_tune_without_a_layer_or_network_says_what_is_missing():
     with pytest.raises(SystemExit, match="give --network, or one layer with --gradient"):
         cli.main(["tune", "--trials", "1"])
+
+
+def test_tuning_curve_is_the_best_so_far_against_the_untuned_time(tmp_path):
+    from tbe_like import curves
+
+    path = curves.append(tmp_path, "layer1.weight", "00ab", 1e9, [3e-3, float("inf"), 2e-3])
+    curves.append(tmp_path, "layer1.weight", "00ab", 1e9, [2.5e-3, 1e-3])  # a second run
+    assert curves.best_so_far(curves.load(path)["trials"]) == [3e-3, 3e-3, 2e-3, 2e-3, 1e-3]
+    curves.finish(path, untuned_s=2.2e-3, selected_s=1.1e-3)
+    data = curves.load(path)
+    assert data["trials"][1] is None and data["untuned_s"] == 2.2e-3
+    pytest.importorskip("matplotlib")
+    png = curves.plot(path)
+    assert png == path.with_suffix(".png") and png.read_bytes()[:4] == b"\x89PNG"
+    # Nothing valid measured: no picture.
+    empty = curves.append(tmp_path, "failed", "00cd", 1e9, [float("inf")])
+    assert curves.plot(empty) is None
+
+
+def test_bench_a_network_against_pytorch(tmp_path, tiny, capsys):
+    """``tbe-like bench``: the table, its JSON (host named, every gradient's ratio) and the
+    bar chart of the ratios, for a network file's layers."""
+    pytest.importorskip("torch")
+    out = tmp_path / "bench.json"
+    assert cli.main(["bench", "--network", str(tiny), "--repeat", "2", "--budget", "0.2",
+                     "--json", str(out), "--records", str(tmp_path / "none")]) == 0
+    shown = capsys.readouterr().out
+    assert "tiny:conv" in shown and "host: " in shown
+    table = json.loads(out.read_text())
+    assert table["host"]["mcpu"] and {r["gradient"] for r in table["rows"]} == {"weight",
+                                                                                "input"}
+    assert all(r["ratio"] > 0 and r["kernel_ms"] > 0 for r in table["rows"])
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "matplotlib is not installed" in shown
+    else:
+        assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"

@@ -182,13 +182,20 @@ def check_command(words: list[str], monkeypatch) -> None:
                 cli.main([args[2], "--help"])
             assert done.value.code == 0, words
             return
-        parsed = []
+        from tbe_like import bench
+
+        parsed = []  # what tune and bench would run with: parsed, not run
         monkeypatch.setattr(cli, "_tune", lambda a: parsed.append(a) or 0)
+        monkeypatch.setattr(bench, "_main", lambda a: parsed.append(a) or 0)
         assert cli.main(args[2:]) == 0 and parsed, words
     else:
         script = ROOT / args[0]
         assert args[0].endswith(".py") and script.is_file(), f"{words}: no such script"
         source = script.read_text()
+        # A script that is a module's front (benchmarks/bench_cpu.py: tbe_like.bench) has
+        # that module's options.
+        for module in re.findall(r"^from (tbe_like\.\w+) import .*\bmain\b", source, re.M):
+            source += (ROOT / (module.replace(".", "/") + ".py")).read_text()
         for flag in args[1:]:
             if flag.startswith("--"):
                 assert f'"{flag}"' in source, f"{words}: {args[0]} has no option {flag}"
