@@ -98,6 +98,16 @@ class Kernel:
         # before this was recorded assumed TVM's 64.
         self.alignment: int = int(metadata.get("arg_alignment", DEFAULT_PARAM_ALIGNMENT))
         self._spares = arrays.Spares(len(self.outputs))
+        # The call path of plain NumPy arguments (_reads_in_place): the inputs' shapes and
+        # NumPy dtypes, and the bytes each address must be a multiple of; None where NumPy
+        # cannot hand an argument over as it is (bfloat16) or the kernel is a GPU's.
+        specs = self.inputs + self.outputs
+        self._numpy_inputs = None
+        if self.target_kind == "llvm" and all(t.dtype != "bfloat16" for t in specs):
+            self._numpy_inputs = tuple((t.shape, arrays.numpy_dtype(t.dtype))
+                                       for t in self.inputs)
+        self._address_multiple = max([self.alignment] + [
+            arrays.numpy_dtype(t.dtype).itemsize for t in specs])
 
     def __repr__(self) -> str:
         args = ", ".join(f"{t.name}{list(t.shape)}:{t.dtype}" for t in self.inputs)
@@ -169,6 +179,32 @@ class Kernel:
             written.append((o, *arrays.kernel_arg(o, view, self.alignment)))
         return outs, written
 
+    def _reads_in_place(self, inputs: Sequence[Any]) -> bool:
+        """Whether ``inputs`` are NumPy arrays of the kernel's shapes and dtypes that it reads
+        as they are (C-contiguous, writeable, aligned): what :meth:`_args` checks, in a few
+        attribute reads. On a 1x1x1 layer whose kernel runs in 1.4 us the general path took
+        25 us."""
+        specs = self._numpy_inputs
+        if specs is None or len(inputs) != len(specs):
+            return False
+        multiple = self._address_multiple
+        for a, (shape, dtype) in zip(inputs, specs, strict=True):
+            if type(a) is not np.ndarray or a.shape != shape or a.dtype != dtype:
+                return False
+            flags = a.flags
+            if not (flags.c_contiguous and flags.writeable and flags.aligned):
+                return False
+            if multiple > a.itemsize and a.ctypes.data % multiple:
+                return False
+        return True
+
+    def _run_in_place(self, inputs: Sequence[Any]) -> Any:
+        """Run on NumPy inputs that :meth:`_reads_in_place` accepted; new NumPy results."""
+        results = [self._spares.empty(i, inputs[0], t.shape, t.dtype, self.alignment)
+                   for i, t in enumerate(self.outputs)]
+        self._func(*inputs, *results)
+        return results[0] if len(results) == 1 else tuple(results)
+
     def __call__(self, *inputs: Any, out: Any = None) -> Any:
         """Run on the inputs (in ``tensor_list`` order); return the output(s).
 
@@ -177,6 +213,8 @@ class Kernel:
         default new arrays of the first input's library (NumPy in, NumPy out; torch in, torch
         out, on the same device).
         """
+        if out is None and self._reads_in_place(inputs):
+            return self._run_in_place(inputs)
         dev = self._device()  # a CUDA kernel where no GPU is: KernelLoadError before any check
         if self.target_kind == "cuda" and inputs and all(map(arrays.on_host, inputs)):
             return self._call_from_host(inputs, out, dev)
