@@ -80,9 +80,44 @@ def schedule_layout_stages(sch, target, row_periods=None, filter_c0: int | None 
                 sch.reorder(n, d, h, c, w)  # rows outside the channels: contiguous writes
                 fuse_parallel_vectorize(sch, name, 3, target)
             elif filter_c0 is not None and len(sch.get_loops(block)) == 5:
-                _unpack_filter(sch, block, filter_c0, target)
+                at = _unpack_at(sch, block)
+                if at is None or not _unpack_filter_in_steps(sch, block, at, filter_c0):
+                    _unpack_filter(sch, block, filter_c0, target)
             else:
                 fuse_parallel_vectorize(sch, name, 2, target)
+
+
+def _unpack_at(sch, block):
+    """The loop of the weight gradient's reduction that its rule marked (``UNPACK_AT``: each
+    step of it completes blocks of the result), its mark removed; None without one."""
+    from .llvm.conv3d_backprop_filter import UNPACK_AT
+
+    for producer in sch.get_producers(block):
+        for loop in sch.get_loops(producer):
+            if UNPACK_AT in sch.get(loop).annotations:
+                sch.unannotate(loop, UNPACK_AT)
+                return loop
+    return None
+
+
+def _unpack_filter_in_steps(sch, block, at, c0: int) -> bool:
+    """The result's blocks unpacked under ``at``, as each step completes them (in cache), the
+    channel rows written C0 lanes at a time. False (nothing changed) where TVM cannot place
+    it there: a result index it cannot invert (input channels that are not a multiple of C0,
+    a width-folded layer's channels)."""
+    try:  # on a copy first (its handles are the same): a failed check may leave a state
+        sch.copy().reverse_compute_at(block, at)
+    except (s_tir.schedule.ScheduleError, ValueError):
+        return False
+    sch.reverse_compute_at(block, at)
+    inner = sch.get_loops(block)[-1]
+    extent = int(sch.get(inner).extent)
+    if extent % c0 == 0:
+        _, inner = sch.split(inner, [None, c0])
+        sch.vectorize(inner)
+    else:
+        vectorize(sch, inner)
+    return True
 
 
 def _unpack_filter(sch, block, c0: int, target) -> None:

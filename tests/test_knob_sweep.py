@@ -51,6 +51,11 @@ SHAPES = {
     # 5 taps along W (the input gradient's F(2,5)): a tail tile, groups, dilation.
     "k135-w11-groups2": conv3d(1, 20, (2, 5, 11), 24, (1, 3, 5), pad=2, groups=2),
     "k115-w13-dil2": conv3d(1, 16, (2, 3, 13), 16, (1, 1, 5), pad=4, dil=2),
+    # 1x1x1 layers on small maps: the weight gradient's result unpacked per step of its
+    # reduction (channels not multiples of 16, groups, stride 2).
+    "k111-cin40-cout24": conv3d(1, 40, (2, 3, 5), 24, (1, 1, 1), pad=0),
+    "k111-groups2-stride2": conv3d(2, 32, (3, 5, 5), 48, (1, 1, 1), pad=0, stride=2,
+                                   groups=2),
     # A 1D layer's long row (its output row was one 1000-lane vector: minutes in LLVM).
     "1d-w1000-k5": kernels.Conv3d(1, 16, 16, (1, 1, 1000), (1, 1, 1000), (1, 1, 5), (1, 1, 1),
                                   (0, 0, 0, 0, 2, 2), (1, 1, 1), 1),

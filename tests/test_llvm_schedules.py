@@ -106,6 +106,37 @@ def test_weight_gradient_many_channels_split_the_channels():
     assert blocks[stages.DW_MAD + "_update"][0] == (tvm.tirx.ForKind.PARALLEL, 4)
 
 
+@pytest.mark.parametrize("name, conv, in_steps", [
+    ("4-positions", conv3d(1, 64, (1, 2, 2), 256, (1, 1, 1), pad=0), True),
+    ("stride2", conv3d(2, 64, (2, 7, 7), 96, (1, 1, 1), stride=2, pad=0), True),
+    # An index TVM cannot invert (40 channels in 3 blocks): the separate pass.
+    ("cin40", conv3d(2, 40, (2, 7, 7), 96, (1, 1, 1), stride=2, pad=0), False),
+    ("196-positions", conv3d(1, 64, (4, 7, 7), 64, (1, 1, 1), pad=0), False),
+])
+def test_pointwise_weight_gradient_of_few_positions_unpacks_in_steps(name, conv, in_steps):
+    """A 1x1x1 weight gradient whose whole reduction fits a tile (at most ``ROW_STEPS``
+    positions) sums it inside each tile, and its NCDHW result is unpacked under the
+    reduction's channel-block loop as each block completes (not in a pass of its own over the
+    whole fractal result); a larger map keeps the separate pass. Same values either way."""
+    graph, sch = _weight_sch(conv, False)
+    blocks = _blocks(sch)
+    out = next(v for k, v in blocks.items() if k.startswith(stages.LAYOUT_OUT))
+    mad = blocks[stages.DW_MAD + "_update"]
+    assert (out[:3] == mad[:3]) is in_steps, (out, mad)
+    if in_steps:
+        assert out[-1] == (tvm.tirx.ForKind.VECTORIZED, 16)
+    rng = np.random.default_rng(6)
+    x, dy = (rng.standard_normal([int(v) for v in t.shape]).astype("float32")
+             for t in graph.inputs)
+    dev = tvm.cpu()
+    got = tvm.runtime.tensor(np.zeros([int(v) for v in graph.output.shape], "float32"), dev)
+    compile_checked(sch.mod, host_target())["main"](
+        tvm.runtime.tensor(x, dev), tvm.runtime.tensor(dy, dev), got)
+    expected = _weight_gradient(conv, x, dy)
+    np.testing.assert_allclose(got.numpy(), expected, rtol=0,
+                               atol=1e-5 * np.abs(expected).max())
+
+
 def test_winograd_transform_packs_its_own_plane():
     """The input gradient's dy transform packs the NCDHW plane of its (n, d) task itself (no
     pass over the whole dy), and writes each point's planes contiguously: (N, D, point, ...)."""
