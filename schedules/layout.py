@@ -23,6 +23,8 @@ Runs after the operator's rule, which leaves these stages alone:
 
 from __future__ import annotations
 
+import math
+
 from tbe_like import stages
 from tbe_like._tvm import s_tir
 
@@ -105,9 +107,12 @@ def _unpack_filter_in_steps(sch, block, at, c0: int) -> bool:
     channel rows written C0 lanes at a time. False (nothing changed) where TVM cannot place
     it there: a result index it cannot invert (input channels that are not a multiple of C0,
     a width-folded layer's channels)."""
-    try:  # on a copy first (its handles are the same): a failed check may leave a state
-        sch.copy().reverse_compute_at(block, at)
+    trial = sch.copy()  # its handles are the same; a failed check may leave a state behind
+    try:
+        trial.reverse_compute_at(block, at)
     except (s_tir.schedule.ScheduleError, ValueError):
+        return False
+    if not _placed_tight(trial, block, at):
         return False
     sch.reverse_compute_at(block, at)
     inner = sch.get_loops(block)[-1]
@@ -118,6 +123,19 @@ def _unpack_filter_in_steps(sch, block, at, c0: int) -> bool:
     else:
         vectorize(sch, inner)
     return True
+
+
+def _placed_tight(sch, block, at) -> bool:
+    """Whether ``block``, placed under loop ``at``, writes each of its cells in one iteration
+    of the loops down to ``at``. Where TVM cannot invert its index exactly it places a larger
+    region under each iteration (a whole 96-channel result under each of 4 parallel chunks of
+    24): right when run in order (the last iteration rewrites every cell, complete), a race
+    in parallel (cells written early, from accumulators other chunks had not filled yet)."""
+    del at  # every loop above the block counts, from the root down
+    iterations = math.prod(int(sch.get(loop).extent) for loop in sch.get_loops(block))
+    write = sch.get(block).writes[0]
+    written = math.prod(int(r.extent) for r in write.region)
+    return iterations * written == math.prod(int(d) for d in write.source.shape)
 
 
 def _unpack_filter(sch, block, c0: int, target) -> None:

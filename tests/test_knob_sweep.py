@@ -61,7 +61,10 @@ SHAPES = {
                                   (0, 0, 0, 0, 2, 2), (1, 1, 1), 1),
 }
 
-GRADIENTS = {"grad_weight": kernels.grad_weight, "grad_input": kernels.grad_input}
+# As the CPU operators build them: the weight gradient's result layout reads its accumulator
+# (``unpack_cells``), so that the rule may unpack it in steps of the reduction.
+GRADIENTS = {"grad_weight": lambda conv, prec, **kw: kernels.grad_weight(
+    conv, prec, unpack_cells=True, **kw), "grad_input": kernels.grad_input}
 
 
 @pytest.fixture(autouse=True)

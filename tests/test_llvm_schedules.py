@@ -109,22 +109,25 @@ def test_weight_gradient_many_channels_split_the_channels():
 @pytest.mark.parametrize("name, conv, in_steps", [
     ("4-positions", conv3d(1, 64, (1, 2, 2), 256, (1, 1, 1), pad=0), True),
     ("stride2", conv3d(2, 64, (2, 7, 7), 96, (1, 1, 1), stride=2, pad=0), True),
-    # An index TVM cannot invert (40 channels in 3 blocks): the separate pass.
-    ("cin40", conv3d(2, 40, (2, 7, 7), 96, (1, 1, 1), stride=2, pad=0), False),
+    ("cin40", conv3d(2, 40, (2, 7, 7), 96, (1, 1, 1), stride=2, pad=0), True),
+    ("k133-late-stage", conv3d(1, 128, (1, 3, 3), 128, (1, 3, 3)), True),
+    ("k333-groups2", conv3d(1, 128, (2, 2, 3), 128, (3, 3, 3), groups=2), True),
     ("196-positions", conv3d(1, 64, (4, 7, 7), 64, (1, 1, 1), pad=0), False),
 ])
-def test_pointwise_weight_gradient_of_few_positions_unpacks_in_steps(name, conv, in_steps):
-    """A 1x1x1 weight gradient whose whole reduction fits a tile (at most ``ROW_STEPS``
-    positions) sums it inside each tile, and its NCDHW result is unpacked under the
-    reduction's channel-block loop as each block completes (not in a pass of its own over the
-    whole fractal result); a larger map keeps the separate pass. Same values either way."""
-    graph, sch = _weight_sch(conv, False)
+def test_weight_gradient_of_few_positions_unpacks_in_steps(name, conv, in_steps):
+    """A weight gradient whose whole reduction fits a tile (at most ``ROW_STEPS`` positions:
+    1x1x1 and late-stage layers on small maps) sums it inside each tile, and its NCDHW result
+    is unpacked under the reduction's channel-block loop as each block completes (not in a
+    pass of its own over the whole fractal result); a larger map keeps the separate pass.
+    Same values either way."""
+    graph = kernels.grad_weight(conv, F32, unpack_cells=True)
+    sch = _scheduled(graph)
     blocks = _blocks(sch)
     out = next(v for k, v in blocks.items() if k.startswith(stages.LAYOUT_OUT))
     mad = blocks[stages.DW_MAD + "_update"]
     assert (out[:3] == mad[:3]) is in_steps, (out, mad)
     if in_steps:
-        assert out[-1] == (tvm.tirx.ForKind.VECTORIZED, 16)
+        assert out[-1][0] == tvm.tirx.ForKind.VECTORIZED
     rng = np.random.default_rng(6)
     x, dy = (rng.standard_normal([int(v) for v in t.shape]).astype("float32")
              for t in graph.inputs)

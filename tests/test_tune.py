@@ -10,7 +10,6 @@ import sys
 import numpy as np
 import pytest
 from tbe_like.schedules.common import SAMPLE
-from tvm_ffi import structural_equal
 
 from tbe_like import ops
 from tbe_like._tvm import IRModule, s_tir, tvm
@@ -170,9 +169,7 @@ def test_records_apply_only_to_their_target(tmp_path, monkeypatch):
     assert lookup(func, Target({"kind": "llvm", "mcpu": "znver3", "num-cores": cores + 1})
                   ) is None
     cuda = Target({"kind": "cuda", "arch": "sm_90"})
-    cuda_func = kernels.prim_func(graph_of("grad_weight", CONV, prec, target=cuda))
-    assert structural_equal(cuda_func, func)  # the same workload...
-    assert lookup(cuda_func, cuda) is None  # ...but not the same target
+    assert lookup(func, cuda) is None  # the same workload, but not the same target
 
 
 @pytest.mark.parametrize("margin, kept", [(-1.0, True), (0.5, False)])

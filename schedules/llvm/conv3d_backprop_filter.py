@@ -99,19 +99,18 @@ SPLIT_K_CHANNELS = 16
 
 def default_knobs(p: BackpropFilterParams, lanes: int, threads: int, result_elems: int,
                   reduction: int, columns: int, split_k: bool | None = None,
-                  rows: int | None = None, steps: int | None = None,
-                  taps: int | None = None) -> Knobs:
+                  rows: int | None = None, steps: int | None = None) -> Knobs:
     """The largest register tile that fits, then enough parallel chunks for every thread: of
     the output channels, or (``result_elems``: the float32 cells of a merged group's result,
     ``reduction``: the extent of the fused (n, do) loop) of the reduction when the channels
     would be split too finely and the result is small (``SPLIT_K_BYTES``). ``columns`` is the
     extent of the tile's column loop: kw, or with Winograd the m+2 points (a tile must divide
     it: ``rfactor`` drops a split's predicate from the block that adds the partials).
-    ``split_k`` forces split K on or off (``None``: as above). ``rows`` (Ho), ``steps`` (of
-    the whole reduction: N*Do*Ho*Wo) and ``taps`` (kd*kh*kw): a 1x1x1 gradient whose
-    reduction takes at most ``ROW_STEPS`` steps sums all of it inside each tile (``inner`` = 2),
-    so that each block of the result is unpacked to NCDHW while it is in cache
-    (:data:`UNPACK_AT`)."""
+    ``split_k`` forces split K on or off (``None``: as above). ``rows`` (Ho) and ``steps``
+    (of the whole reduction, N*Do*Ho*Wo; None with Winograd): a gradient whose reduction
+    takes at most ``ROW_STEPS`` steps (a late stage's small maps, whose result is the big
+    array) sums all of it inside each tile (``inner`` = 2), so that each block of the result
+    is unpacked to NCDHW while it is in cache (:data:`UNPACK_AT`)."""
     geo, g = p.geometry, p.geometry.group
     vectors = max(1, geo.c0 // lanes)  # registers per C0 vector
     registers = REGISTERS.get(lanes, 16)
@@ -131,7 +130,7 @@ def default_knobs(p: BackpropFilterParams, lanes: int, threads: int, result_elem
         k_par = next((k for k in divisors(reduction) if k >= want), reduction)
         if k_par > 1:
             return Knobs(1, co_tile, kw_tile, k_par=k_par, ci_tile=ci_tile)
-    if rows is not None and taps == 1 and steps is not None and steps <= ROW_STEPS:
+    if rows is not None and steps is not None and steps <= ROW_STEPS:
         return Knobs(co_par, co_tile, kw_tile, ho_tile=rows, inner=2, ci_tile=ci_tile)
     return Knobs(co_par, co_tile, kw_tile, ci_tile=ci_tile)
 
@@ -170,7 +169,6 @@ def schedule(sch, p: BackpropFilterParams, target,
     mad = sch.get_sblock(stages.DW_MAD)
     grp, kd, ci1, kh, kw, co, ci0, n, do, ho, wo = sch.get_loops(mad)
     reduction = int(sch.get(n).extent) * int(sch.get(do).extent)
-    taps = math.prod(int(sch.get(loop).extent) for loop in (kd, kh, kw))
     if knobs == SAMPLE:
         co_factors = sch.sample_perfect_tile(co, n=3, max_innermost_factor=8)
         kw_factors = sch.sample_perfect_tile(kw, n=2, max_innermost_factor=p.geometry.kernel[2])
@@ -183,8 +181,8 @@ def schedule(sch, p: BackpropFilterParams, target,
             h = knobs or Heuristic(vector_lanes(target))
             knobs = default_knobs(p, h.lanes, num_threads(target), result, reduction,
                                   int(sch.get(kw).extent), h.split_k, int(sch.get(ho).extent),
-                                  reduction * int(sch.get(ho).extent) * int(sch.get(wo).extent),
-                                  taps)
+                                  None if winograd else
+                                  reduction * int(sch.get(ho).extent) * int(sch.get(wo).extent))
         _check_divides(sch, knobs, co, kw, ho, ci1)
         co_factors = [knobs.co_par, None, knobs.co_tile]
         kw_factors = [None, knobs.kw_tile]
@@ -238,8 +236,10 @@ def schedule(sch, p: BackpropFilterParams, target,
     sch.unroll(kw_i)
     outer = [sch.get(loop).same_as(sch.get(first)) for loop in sch.get_loops(mad)].index(True)
     flatten_init(sch, sch.decompose_reduction(mad, first), int(sch.get(ci0).extent), outer)
-    fuse_parallel_vectorize(sch, stages.DW_RES, 2, target)
-    if not split_k and not winograd and inner == 2 and taps == 1:
+    if stages.DW_RES in block_names(sch):  # else the result layout reads dw_mad itself
+        fuse_parallel_vectorize(sch, stages.DW_RES, 2, target)
+    if not split_k and not winograd and inner == 2 and any(
+            sch.get(c).name_hint.startswith(stages.LAYOUT_OUT) for c in sch.get_consumers(mad)):
         # Every tile under this loop is whole when the loop's step ends: the layout stage
         # unpacks the step's result blocks right there (``schedules.layout``), while they are
         # in cache. Computed whole first, a 2048x512 gradient of 4 positions wrote its 4 MB

@@ -224,3 +224,14 @@ def conv3d_backprop_filter(x: te.Tensor, dy: te.Tensor, p: BackpropFilterParams,
     v = _winograd_x(_fmap_pad(x, p, out_w=tiles * wino.m), wino, s, tiles)
     u = _winograd_dy(_dy_matrix(dy, p), wino, s, tiles)
     return _result(_winograd_taps(_mad_winograd(v, u, p), wino), p, attrs)
+
+
+def conv3d_backprop_filter_cells(res: te.Tensor) -> te.Tensor | None:
+    """The float32 accumulator ``(real_g, kd, cin1_g, kh, kw, cout_g, C0)`` that the result
+    ``res`` of :func:`conv3d_backprop_filter` reads cell by cell (the direct form's
+    ``dw_mad``); None for the Winograd form, whose cells combine several accumulators."""
+    if stages.DW_WINO_X in stages.stage_names(res):  # its dw_mad holds Winograd points
+        return None
+    (mad,) = res.op.input_tensors
+    assert mad.op.name == stages.DW_MAD and len(mad.shape) == 7, mad
+    return mad

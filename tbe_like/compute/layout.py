@@ -179,12 +179,18 @@ def unpack_6hd(res: te.Tensor, channels: int, width: int, dtype: str, tensor: st
 
 def unpack_filter_gradient(res: te.Tensor, shape: Sequence[int], index: Callable, dtype: str,
                            group: GroupInfo, kernel: Sequence[int], tensor: str,
-                           live: Callable | None = None) -> te.Tensor:
+                           live: Callable | None = None, cells: te.Tensor | None = None
+                           ) -> te.Tensor:
     """The weight gradient's ``(real_g, kd*cin1_g*kh*kw, cout_g, C0)`` into a user layout.
 
     ``index(*out)`` maps an output position of ``shape`` to ``(co, ci, a, b, c)`` of the filter
     seen as ``(Cout, Cin/groups, kd, kh, kw)``; ``live(*out)``, when given, says which output
     positions the result holds (the others are zero: taps that read only padding).
+    ``cells``: the ``(real_g, kd, cin1_g, kh, kw, cout_g, C0)`` accumulator ``res`` is made
+    of (``compute.conv3d_backprop_filter_cells``), read directly: a user's filter position is
+    always a real cell of its own group (``res``'s mask is true there), and the plain index
+    lets a schedule place this stage under the reduction's loops (TVM could not invert the
+    index through ``res``'s merged row).
     """
     g = group
     _, kh, kw = kernel
@@ -196,8 +202,13 @@ def unpack_filter_gradient(res: te.Tensor, shape: Sequence[int], index: Callable
         orig = co // cout_pg
         grp, sub = orig // g.mag_factor, orig % g.mag_factor
         ci_m, co_m = sub * cin_pg + ci, sub * cout_pg + co % cout_pg
-        row = ((a * g.cin1_g + ci_m // c0) * kh + b) * kw + c
-        value = res[grp, row, co_m, ci_m % c0].astype(dtype)
+        if cells is not None:
+            if g.real_g == 1 and g.mag_factor == 1:  # one group: indices a schedule inverts
+                grp, co_m, ci_m = 0, co, ci
+            value = cells[grp, a, ci_m // c0, b, c, co_m, ci_m % c0].astype(dtype)
+        else:
+            row = ((a * g.cin1_g + ci_m // c0) * kh + b) * kw + c
+            value = res[grp, row, co_m, ci_m % c0].astype(dtype)
         return value if live is None else tirx.if_then_else(live(*out), value,
                                                             tirx.const(0, dtype))
 

@@ -254,10 +254,12 @@ def graph_of(kind: str, conv: kernels.Conv3d, prec: kernels.Precision,
         return kernels.grad_input(conv, prec, winograd=winograd)
     if kind == "forward":
         return kernels.forward(conv, prec, winograd=winograd)
+    # CPU kernels (``target`` None: the direct form of a CPU kernel) unpack the accumulator.
+    cells = target is None or str(target.kind.name) == "llvm"
     if transposed:  # x = grad_output, dy = input
         return kernels.grad_weight(conv, prec, names=("grad_output", "input", "grad_weight"),
-                                   winograd=winograd)
-    return kernels.grad_weight(conv, prec, winograd=winograd)
+                                   winograd=winograd, unpack_cells=cells)
+    return kernels.grad_weight(conv, prec, winograd=winograd, unpack_cells=cells)
 
 
 def _direct_form(graph: kernels.Graph, kind: str, conv: kernels.Conv3d,

@@ -214,14 +214,16 @@ def forward(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "grad
 
 def grad_weight(conv: Conv3d, prec: Precision, names=("input", "grad_output", "grad_weight"),
                 channels_last: bool = False, out_layout=None, x_spatial=None,
-                winograd: bool | int = False) -> Graph:
+                winograd: bool | int = False, unpack_cells: bool = False) -> Graph:
     """dW of ``conv``: ``(x (N, cin, ...), dy (N, cout, ...)) -> (cout, cin/g, k...)``.
 
     ``channels_last`` takes x and dy as ``(N, D, H, W, C)``; ``out_layout`` is
     ``(shape, index, name)`` for another result layout (see ``unpack_filter_gradient``);
     ``x_spatial`` is the spatial shape of the x array when the convolution reads only its
     leading ``conv.in_spatial`` rows. ``winograd``: Winograd F(m,3) along W where it applies
-    (``compute.conv3d_backprop_filter``).
+    (``compute.conv3d_backprop_filter``). ``unpack_cells``: the result layout reads the direct
+    form's accumulator itself, not the FRACTAL_Z_3D result (the CPU rule can then unpack it in
+    steps of the reduction; the CUDA template folds the fractal stage into its write-back).
     """
     def nd(shape):
         return (shape[0], *shape[2:], shape[1]) if channels_last else shape
@@ -264,8 +266,9 @@ def grad_weight(conv: Conv3d, prec: Precision, names=("input", "grad_output", "g
             co, ci, a, b, c = user(*out)
             return co, ci * fold.taps + c, a, b, 0
 
+    cells = compute.conv3d_backprop_filter_cells(res) if unpack_cells else None
     out = lt.unpack_filter_gradient(res, shape, index, prec.dtype, group, core.kernel,
-                                    names[2], live)
+                                    names[2], live, cells)
     in_layout = "NDHWC" if channels_last else "NCDHW"
     return Graph(FILTER_OP, p, [x, dy], out, [in_layout, in_layout, layout], flops=flops)
 
