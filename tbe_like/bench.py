@@ -343,7 +343,8 @@ def _as_torch(a: np.ndarray):
 
 def _schedule_of(row: dict) -> str:
     """The table's schedule column: a shipped/stored record, or the heuristic that measured
-    selection chose (``L16``: the 16-lane tiles; ``+K``: split K), or the untimed rule."""
+    selection chose (``L16``: the 16-lane tiles; ``+K``: split K; ``+W``: the whole reduction in
+    each tile, the result unpacked in steps), or the untimed rule."""
     if row["tuned"]:
         return "record"
     selection = row["selection"]
@@ -355,7 +356,7 @@ def _schedule_of(row: dict) -> str:
     lanes = choice.split("lanes=")[1].split(",")[0].rstrip(")")
     cap = choice.split("accumulators=")[1].rstrip(")") if "accumulators=" in choice else "None"
     return (f"L{lanes}" + ("" if cap == "None" else f"a{cap}")
-            + ("+K" if "split_k=True" in choice else ""))
+            + ("+K" if "split_k=True" in choice else "") + ("+W" if "whole=True" in choice else ""))
 
 
 def host_description() -> dict:
@@ -570,8 +571,9 @@ def _main(args) -> int:
           f"(fma_peak; median {statistics.median(peaks):.0f} GFLOP/s, {min(peaks):.0f} to "
           f"{max(peaks):.0f} over the rows). Winograd kernels count the direct form's flops.")
     print("schedule: L8/L16 the 8- or 16-lane heuristic that measured selection chose (a8: at "
-          "most 8 accumulators, +K: split K), direct: the form without Winograd, record: a "
-          "stored tuning record, rule: the untimed rule; build s includes the selection")
+          "most 8 accumulators, +K: split K, +W: whole reduction per tile), direct: the form "
+          "without Winograd, record: a stored tuning record, rule: the untimed rule; build s "
+          "includes the selection")
     slowest = sorted(rows, key=lambda r: -r["compile_s"])[:3]
     print("slowest first builds (selection included): " + ", ".join(
         f"{r['shape']} {r['gradient']} {r['compile_s']:.1f} s" for r in slowest))

@@ -286,8 +286,9 @@ def test_sampled_knobs_match_reference(shape, kind, seed):
 
 def test_candidates_cover_both_widths_and_split_k():
     weight = candidates(kernels.grad_weight(SHAPES["w7-prime"], F32).op, TARGET)
-    assert {(h.lanes, h.split_k) for h in weight} == {(8, False), (8, True), (16, False),
-                                                      (16, True)}
+    assert {(h.lanes, h.split_k, h.whole) for h in weight} == {
+        (8, False, None), (8, True, None), (16, False, None), (16, True, None), (8, False, True),
+        (16, False, True)}
     assert {(h.lanes, h.accumulators) for h in candidates(
         kernels.grad_input(SHAPES["w7-prime"], F32).op, TARGET)} == {(8, None), (16, None),
                                                                      (16, 8)}

@@ -106,6 +106,7 @@ def test_weight_gradient_many_channels_split_the_channels():
     assert blocks[stages.DW_MAD + "_update"][0] == (tvm.tirx.ForKind.PARALLEL, 4)
 
 
+@pytest.mark.parametrize("whole", [None, True])
 @pytest.mark.parametrize("name, conv, in_steps", [
     ("4-positions", conv3d(1, 64, (1, 2, 2), 256, (1, 1, 1), pad=0), True),
     ("stride2", conv3d(2, 64, (2, 7, 7), 96, (1, 1, 1), stride=2, pad=0), True),
@@ -114,14 +115,18 @@ def test_weight_gradient_many_channels_split_the_channels():
     ("k333-groups2", conv3d(1, 128, (2, 2, 3), 128, (3, 3, 3), groups=2), True),
     ("196-positions", conv3d(1, 64, (4, 7, 7), 64, (1, 1, 1), pad=0), False),
 ])
-def test_weight_gradient_of_few_positions_unpacks_in_steps(name, conv, in_steps):
+def test_weight_gradient_of_few_positions_unpacks_in_steps(name, conv, in_steps, whole):
     """A weight gradient whose whole reduction fits a tile (at most ``ROW_STEPS`` positions:
     1x1x1 and late-stage layers on small maps) sums it inside each tile, and its NCDHW result
     is unpacked under the reduction's channel-block loop as each block completes (not in a
     pass of its own over the whole fractal result); a larger map keeps the separate pass.
-    Same values either way."""
+    Same values either way. Measured selection's ``Heuristic(whole=True)`` does the same up to
+    ``WHOLE_STEPS`` positions (the 196-position map too)."""
+    from tbe_like.schedules import Heuristic
+
     graph = kernels.grad_weight(conv, F32, unpack_cells=True)
-    sch = _scheduled(graph)
+    sch = _scheduled(graph, None if whole is None else Heuristic(16, False, whole=True))
+    in_steps = in_steps or bool(whole)
     blocks = _blocks(sch)
     out = next(v for k, v in blocks.items() if k.startswith(stages.LAYOUT_OUT))
     mad = blocks[stages.DW_MAD + "_update"]

@@ -83,6 +83,10 @@ class Knobs:
 # The annotation of the weight gradient's loop under which its result's blocks are whole, for
 # the layout stage to unpack them there (``schedules.layout._unpack_filter``).
 UNPACK_AT = "tbe_like.unpack_filter_at"
+# The most reduction steps of a whole reduction in each tile that measured selection tries
+# (``Heuristic(whole=True)``): a 1x1x1 layer's 98-784 positions, where the rule's own limit
+# leaves the result to a pass of its own, and the tile's input slices still fit in L2.
+WHOLE_STEPS = 1024
 # Reduction steps a register tile takes between a load and a store of its accumulators, at most,
 # when output rows are added to it (the direct form's 56-column rows are 56 steps).
 ROW_STEPS = 64
@@ -99,7 +103,8 @@ SPLIT_K_CHANNELS = 16
 
 def default_knobs(p: BackpropFilterParams, lanes: int, threads: int, result_elems: int,
                   reduction: int, columns: int, split_k: bool | None = None,
-                  rows: int | None = None, steps: int | None = None) -> Knobs:
+                  rows: int | None = None, steps: int | None = None,
+                  whole: bool | None = None) -> Knobs:
     """The largest register tile that fits, then enough parallel chunks for every thread: of
     the output channels, or (``result_elems``: the float32 cells of a merged group's result,
     ``reduction``: the extent of the fused (n, do) loop) of the reduction when the channels
@@ -110,7 +115,8 @@ def default_knobs(p: BackpropFilterParams, lanes: int, threads: int, result_elem
     (of the whole reduction, N*Do*Ho*Wo; None with Winograd): a gradient whose reduction
     takes at most ``ROW_STEPS`` steps (a late stage's small maps, whose result is the big
     array) sums all of it inside each tile (``inner`` = 2), so that each block of the result
-    is unpacked to NCDHW while it is in cache (:data:`UNPACK_AT`)."""
+    is unpacked to NCDHW while it is in cache (:data:`UNPACK_AT`); ``whole`` True does so up
+    to ``WHOLE_STEPS`` steps, False never."""
     geo, g = p.geometry, p.geometry.group
     vectors = max(1, geo.c0 // lanes)  # registers per C0 vector
     registers = REGISTERS.get(lanes, 16)
@@ -130,7 +136,8 @@ def default_knobs(p: BackpropFilterParams, lanes: int, threads: int, result_elem
         k_par = next((k for k in divisors(reduction) if k >= want), reduction)
         if k_par > 1:
             return Knobs(1, co_tile, kw_tile, k_par=k_par, ci_tile=ci_tile)
-    if rows is not None and steps is not None and steps <= ROW_STEPS:
+    limit = {None: ROW_STEPS, True: WHOLE_STEPS, False: 0}[whole]
+    if rows is not None and steps is not None and steps <= limit:
         return Knobs(co_par, co_tile, kw_tile, ho_tile=rows, inner=2, ci_tile=ci_tile)
     return Knobs(co_par, co_tile, kw_tile, ci_tile=ci_tile)
 
@@ -147,9 +154,13 @@ def _ci_tile(cout: int, blocks: int, vectors: int, registers: int) -> tuple[int,
 
 def candidates(target) -> list[Heuristic]:
     """What measured selection times: the tiles for either vector width, each with split K
-    forced off and on (the rule's own choice is one of the two)."""
+    forced off and on (the rule's own choice is one of the two), and without split K with the
+    whole reduction in each tile up to ``WHOLE_STEPS`` (beyond it, or at most ``ROW_STEPS``
+    where the rule does so anyway, the same schedule as another candidate: selection builds
+    each distinct schedule once)."""
     del target
-    return [Heuristic(lanes, split_k) for lanes in HEURISTIC_LANES for split_k in (False, True)]
+    return [*(Heuristic(lanes, split_k) for lanes in HEURISTIC_LANES for split_k in (False, True)),
+            *(Heuristic(lanes, False, whole=True) for lanes in HEURISTIC_LANES)]
 
 
 @register(FILTER_OP, "llvm", candidates=candidates)
@@ -182,7 +193,8 @@ def schedule(sch, p: BackpropFilterParams, target,
             knobs = default_knobs(p, h.lanes, num_threads(target), result, reduction,
                                   int(sch.get(kw).extent), h.split_k, int(sch.get(ho).extent),
                                   None if winograd else
-                                  reduction * int(sch.get(ho).extent) * int(sch.get(wo).extent))
+                                  reduction * int(sch.get(ho).extent) * int(sch.get(wo).extent),
+                                  h.whole)
         _check_divides(sch, knobs, co, kw, ho, ci1)
         co_factors = [knobs.co_par, None, knobs.co_tile]
         kw_factors = [None, knobs.kw_tile]
