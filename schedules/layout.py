@@ -112,7 +112,7 @@ def _unpack_filter_in_steps(sch, block, at, c0: int) -> bool:
         trial.reverse_compute_at(block, at)
     except (s_tir.schedule.ScheduleError, ValueError):
         return False
-    if not _placed_tight(trial, block, at):
+    if not _placed_tight(trial, block):
         return False
     sch.reverse_compute_at(block, at)
     inner = sch.get_loops(block)[-1]
@@ -125,13 +125,13 @@ def _unpack_filter_in_steps(sch, block, at, c0: int) -> bool:
     return True
 
 
-def _placed_tight(sch, block, at) -> bool:
-    """Whether ``block``, placed under loop ``at``, writes each of its cells in one iteration
-    of the loops down to ``at``. Where TVM cannot invert its index exactly it places a larger
-    region under each iteration (a whole 96-channel result under each of 4 parallel chunks of
-    24): right when run in order (the last iteration rewrites every cell, complete), a race
-    in parallel (cells written early, from accumulators other chunks had not filled yet)."""
-    del at  # every loop above the block counts, from the root down
+def _placed_tight(sch, block) -> bool:
+    """Whether ``block``, placed under a loop, writes each of its cells in one iteration of the
+    loops above it (from the root down). Where TVM cannot invert its index exactly it places a
+    larger region under each iteration (a whole 96-channel result under each of 4 parallel
+    chunks of 24): right when run in order (the last iteration rewrites every cell, complete),
+    a race in parallel (cells written early, from accumulators other chunks had not filled
+    yet)."""
     iterations = math.prod(int(sch.get(loop).extent) for loop in sch.get_loops(block))
     write = sch.get(block).writes[0]
     written = math.prod(int(r.extent) for r in write.region)

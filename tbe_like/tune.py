@@ -670,19 +670,20 @@ def measured_trials(search: str | os.PathLike, func) -> int:
     return len(db.get_top_k(db.commit_workload(mod), 1 << 30))
 
 
-def _workload_hash(func) -> str:
+def _short_hash(mod: IRModule) -> str:
+    """A module's structural hash in 12 hex digits: how records, curves and listings name a
+    workload."""
     from tvm_ffi import structural_hash
 
-    return f"{structural_hash(workload(func)) & 0xFFFFFFFFFFFF:012x}"
+    return f"{structural_hash(mod) & 0xFFFFFFFFFFFF:012x}"
 
 
-def _network_progress(tasks: list[Task], total: int, out, curves: Path):
+def _network_progress(tasks: list[Task], hashes: list[str], total: int, out, curves: Path):
     from tvm.ir.utils import derived_object
 
     from . import curves as tuning_curves
 
     ms = _ms()
-    hashes = [_workload_hash(t.func) for t in tasks]
 
     @derived_object
     class Progress(ms.measure_callback.PyMeasureCallback):
@@ -743,6 +744,7 @@ def tune_tasks(tasks: list[Task], target: Target, records: str | os.PathLike, *,
     search.mkdir(parents=True, exist_ok=True)
     logs = records / "logs" / time.strftime("%Y%m%d-%H%M%S")
     curves = records / "curves"
+    hashes = [_short_hash(workload(t.func)) for t in tasks]
     register_build_func()
     cost_model = ms.cost_model.XGBModel(extractor=ms.feature_extractor.PerStoreFeature(),
                                          adaptive_training=True)
@@ -763,14 +765,14 @@ def tune_tasks(tasks: list[Task], target: Target, records: str | os.PathLike, *,
                 planned -= planned % per_iter
             if planned <= 0:
                 continue
-            _tune_round(tasks, target, search, logs, planned, per_iter, rpc, cost_model, out,
-                        curves)
+            _tune_round(tasks, hashes, target, search, logs, planned, per_iter, rpc, cost_model,
+                        out, curves)
     results, pictures = {}, []
-    for task in tasks:
+    for task, workload_hash in zip(tasks, hashes, strict=True):
         best, base = select(task.func, task.default, target, search, records, out=out)
         results[task.name] = (best, base)
         print(f"{task.name}: {best * 1e3:.3f} ms (untuned {base * 1e3:.3f} ms)", file=out)
-        curve = tuning_curves.curve_path(curves, task.name, _workload_hash(task.func))
+        curve = tuning_curves.curve_path(curves, task.name, workload_hash)
         if curve.is_file():
             tuning_curves.finish(curve, base, best)
             pictures.append(tuning_curves.plot(curve))
@@ -793,7 +795,8 @@ def _strategy(per_iter: int):
         population_size=population, init_min_unmeasured=min(50, population // 2))
 
 
-def _tune_round(tasks, target, search, logs, trials, per_iter, rpc, cost_model, out, curves):
+def _tune_round(tasks, hashes, target, search, logs, trials, per_iter, rpc, cost_model, out,
+                curves):
     import logging
 
     from .target import cpu_count
@@ -816,7 +819,7 @@ def _tune_round(tasks, target, search, logs, trials, per_iter, rpc, cost_model, 
                 for t, name, logger in zip(tasks, names, loggers, strict=True)]
     callbacks = [ms.measure_callback.AddToDatabase(), ms.measure_callback.RemoveBuildArtifact(),
                  ms.measure_callback.UpdateCostModel(),
-                 _network_progress(tasks, trials, out, curves)]
+                 _network_progress(tasks, hashes, trials, out, curves)]
     with tempfile.TemporaryDirectory(prefix="tbe_like_tune_") as work:
         ms.tune_tasks(
             tasks=contexts, task_weights=[t.weight for t in tasks], work_dir=work,
@@ -838,8 +841,6 @@ def _mean(secs) -> float:
 def record_rows(folder: str | os.PathLike) -> list[dict]:
     """What a records folder holds: per record its workload (a structural hash and the
     PrimFunc's name), target key and measured seconds."""
-    from tvm_ffi import structural_hash
-
     db = _open_records(folder)
     if db is None:
         return []
@@ -848,7 +849,7 @@ def record_rows(folder: str | os.PathLike) -> list[dict]:
         mod = record.workload.mod
         func = next(iter(mod.functions.values()))
         name = func.attrs.get("global_symbol", "") if func.attrs is not None else ""
-        rows.append({"workload": f"{structural_hash(mod) & 0xFFFFFFFFFFFF:012x}",
+        rows.append({"workload": _short_hash(mod),
                      "name": str(name), "target": list(target_key(record.target))
                      if record.target is not None else [], "seconds": _mean(record.run_secs)})
     return rows

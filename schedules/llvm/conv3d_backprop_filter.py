@@ -190,11 +190,10 @@ def schedule(sch, p: BackpropFilterParams, target,
         result = math.prod(int(sch.get(loop).extent) for loop in (kd, ci1, kh, kw, co, ci0))
         if not isinstance(knobs, Knobs):
             h = knobs or Heuristic(vector_lanes(target))
+            rows = int(sch.get(ho).extent)
+            steps = None if winograd else reduction * rows * int(sch.get(wo).extent)
             knobs = default_knobs(p, h.lanes, num_threads(target), result, reduction,
-                                  int(sch.get(kw).extent), h.split_k, int(sch.get(ho).extent),
-                                  None if winograd else
-                                  reduction * int(sch.get(ho).extent) * int(sch.get(wo).extent),
-                                  h.whole)
+                                  int(sch.get(kw).extent), h.split_k, rows, steps, h.whole)
         _check_divides(sch, knobs, co, kw, ho, ci1)
         co_factors = [knobs.co_par, None, knobs.co_tile]
         kw_factors = [None, knobs.kw_tile]
