@@ -151,16 +151,16 @@ def _plain_call(p: ConvolutionBackwardParams, built: dict[str, Kernel]):
         takes = (0, 2) if name == "grad_input" else ((0, 1) if p.transposed else (1, 0))
         runs.append((kernel, takes, (p.input_shape, p.weight_shape)[slot], slot))
     bias_axes = (0, *range(2, len(p.grad_output_shape))) if p.output_mask[2] else None
-    torch_type = None
 
     def call(*given: Any):
-        nonlocal torch_type
         host = given
         if type(given[0]) is not np.ndarray:
-            # CPU torch tensors: their NumPy views (no copy), the results wrapped back.
-            if torch_type is None:
-                torch_type = _torch_tensor_type()
-            if any(type(a) is not torch_type or a.is_cuda for a in given):
+            # CPU torch tensors: their NumPy views (no copy), the results wrapped back. Only
+            # when PyTorch is imported (what else could have made a tensor), only plain tensors
+            # (not a subclass such as torch.compile's fake tensors) in the CPU's memory.
+            torch = sys.modules.get("torch")
+            if torch is None or any(type(a) is not torch.Tensor or a.device.type != "cpu"
+                                    for a in given):
                 return None
             host = tuple((a.detach() if a.requires_grad else a).numpy() for a in given)
         for a, shape in zip(host, shapes, strict=True):
@@ -175,19 +175,10 @@ def _plain_call(p: ConvolutionBackwardParams, built: dict[str, Kernel]):
         if bias_axes is not None:
             found[2] = arrays.sum_float32(host[0], bias_axes, p.grad_bias_dtype)
         if host is not given:
-            import torch
-
             found = [None if r is None else torch.from_numpy(r) for r in found]
         return tuple(found)
 
     return call
-
-
-def _torch_tensor_type():
-    """``torch.Tensor`` when PyTorch is imported (what else could have made a tensor), else a
-    class nothing is an instance of."""
-    torch = sys.modules.get("torch")
-    return torch.Tensor if torch is not None else type(None)
 
 
 def _zeros(p: ConvolutionBackwardParams, like: Any, outs: tuple) -> tuple[Any, Any, Any]:
