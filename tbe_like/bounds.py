@@ -36,35 +36,47 @@ from ._tvm import (
     s_tir,
     structural_walk,
     sym,
+    te,
     tirx,
     tvm,
     undefined_vars,
 )
 
-# The largest element count a buffer may have: TVM indexes buffers with int32 expressions
-# (placeholder shapes are int32), and a flattened index past this wraps around.
+# The largest element count a buffer may have with 32-bit indices: TVM indexes buffers with
+# int32 expressions (placeholder shapes are int32), and a flattened index past this wraps.
 MAX_BUFFER_ELEMENTS = 2**31 - 1
 
 
-def assert_int32_indexable(tensors, op: str) -> None:
-    """Refuse (``ValueError`` naming ``op``, the tensor and its size) a kernel any of whose
-    buffers, inputs, outputs or the stages between them, holds more than
-    ``MAX_BUFFER_ELEMENTS`` elements: its int32 indices would wrap and read or write out of
-    bounds. ``tensors``: the kernel's TE tensors (the stages they are computed from are
-    walked too)."""
-    seen, todo = set(), list(tensors)
+def largest_buffer(tensors) -> tuple[str, tuple[int, ...], int]:
+    """The largest buffer of a kernel, inputs, outputs and the stages between them (walked
+    from ``tensors``, its TE tensors): its name, shape and element count."""
+    seen, todo, largest = set(), list(tensors), ("", (), 0)
     while todo:
         t = todo.pop()
         if t.op.name in seen:
             continue
         seen.add(t.op.name)
         todo += list(t.op.input_tensors)
-        count = math.prod(int(d) for d in t.shape)
-        if count > MAX_BUFFER_ELEMENTS:
-            raise ValueError(
-                f"{op}: tensor {t.op.name!r} of shape {tuple(int(d) for d in t.shape)} has "
-                f"{count} elements, more than the {MAX_BUFFER_ELEMENTS} that 32-bit indices "
-                "address; split the batch (or the volume) into smaller calls")
+        shape = tuple(int(d) for d in t.shape)
+        if math.prod(shape) > largest[2]:
+            largest = (t.op.name, shape, math.prod(shape))
+    return largest
+
+
+def index_dtype(tensors) -> str:
+    """The index type of a kernel: ``"int64"`` when one of its buffers (see
+    :func:`largest_buffer`) has more than ``MAX_BUFFER_ELEMENTS`` elements, else ``"int32"``
+    (the faster code: no 64-bit multiplies in the address arithmetic of ordinary kernels)."""
+    return "int64" if largest_buffer(tensors)[2] > MAX_BUFFER_ELEMENTS else "int32"
+
+
+def prim_func(tensors):
+    """``te.create_prim_func(tensors)`` with the index type :func:`index_dtype` chooses: every
+    loop, block iterator and buffer shape of a kernel with a buffer past 32-bit indices is
+    int64 (TVM's ``index_dtype_override``), so that no flattened index wraps."""
+    tensors = list(tensors)
+    wide = index_dtype(tensors) == "int64"
+    return te.create_prim_func(tensors, index_dtype_override="int64" if wide else None)
 
 
 class OutOfBoundsError(RuntimeError):

@@ -22,7 +22,8 @@ from typing import Any
 
 from . import compute, params
 from ._tvm import IRModule, Target, s_tir, te, tirx
-from .bounds import assert_int32_indexable, compile_checked
+from . import bounds
+from .bounds import compile_checked
 from .kernel import DEFAULT_OUTPUT_DIR, Kernel, TensorSpec, export_kernel
 from .params import calculate_group
 from .target import resolve_target
@@ -276,9 +277,8 @@ def _op_of(res: Any) -> tuple[str, Any, tuple]:
     return str(attrs[_ATTR_OP]), res, tuple(attrs[_ATTR_INPUTS])
 
 
-def _prim_func(tensors: list, symbol: str, op: str = "build"):
-    assert_int32_indexable(tensors, op)
-    return te.create_prim_func(tensors).with_attr("global_symbol", symbol)
+def _prim_func(tensors: list, symbol: str):
+    return bounds.prim_func(tensors).with_attr("global_symbol", symbol)
 
 
 def auto_schedule(res: te.Tensor, target: Any = None) -> Schedule:
@@ -310,7 +310,7 @@ def auto_schedule(res: te.Tensor, target: Any = None) -> Schedule:
     except (TypeError, ValueError) as e:  # also TVM's own errors for a bad target dict
         kind = TypeError if isinstance(e, TypeError) else ValueError
         raise kind(f"auto_schedule: {e}") from None
-    func = _prim_func([*inputs, res], p.kernel_name, op)
+    func = _prim_func([*inputs, res], p.kernel_name)
     sch, origin, selection = plan(
         func, lambda s, knobs: schedules.apply_schedule(s, op, p, tgt, knobs),
         schedules.candidates(op, tgt), tgt)
@@ -407,6 +407,7 @@ def build(sch: Schedule, config: Mapping[str, Any]) -> Kernel:
     para["group_dict"] = sch.params.geometry.group.as_group_dict()
     para["kernel_name"] = name  # the name the kernel was built under (config wins, as in TBE)
     para["schedule"] = sch.origin
+    para["index_dtype"] = bounds.index_dtype(tensor_list)
     if sch.selection is not None:
         para["selection"] = sch.selection
     return export_kernel(executable, output_dir, name, sch.op, sch.target, specs[:-1],

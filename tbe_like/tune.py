@@ -41,6 +41,10 @@ MEASURE_ROUNDS = 5
 # A candidate slower than this times the fastest on its first timed call takes no part in the
 # race (its first time is reported).
 MEASURE_CUTOFF = 1.25
+# Arguments (bytes, outputs included) past which a build takes the rule's default instead of
+# timing candidates: timing allocates a second set of arguments beside the caller's (a 4e9-
+# element volume is 17 GB of them) and one call of each candidate takes seconds.
+MEASURE_MAX_BYTES = 1 << 30
 SHIPPED_RECORDS = Path(__file__).resolve().parent / "records"
 RECORD_FILES = ("database_workload.json", "database_tuning_record.json")
 RECORDS_LOCK = ".tbe_like_records.lock"  # in a records folder: see _records_lock
@@ -214,6 +218,16 @@ def _progress_callback(total: int, flops: float, out=sys.stderr):
                   flush=True)
 
     return Progress()
+
+
+def argument_bytes(func) -> int:
+    """The bytes of ``func``'s parameters, outputs included."""
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    from ._tvm import tvm
+
+    return sum(math.prod(int(d) for d in info.shape) * tvm.DataType(info.dtype).bits // 8
+               for info in ArgInfo.from_prim_func(func))
 
 
 def _arguments(func, dev) -> list:
@@ -544,7 +558,8 @@ def plan(func, schedule_with: Callable[[Any, Any], Any], candidates: list, targe
     """How a build schedules ``func``: the stored record (``"record"``; of ``func`` or of one
     of the ``alternatives``, the first records folder's, fastest first), else on a CPU the
     fastest of ``candidates`` (and of the alternatives') measured here (``"measured"``,
-    :func:`measured_schedule`), else the rule's default (``"rule"``). Returns the schedule,
+    :func:`measured_schedule`; for arguments up to ``MEASURE_MAX_BYTES``), else the rule's
+    default (``"rule"``). Returns the schedule,
     its origin and the selection."""
     from ._tvm import s_tir
 
@@ -552,7 +567,7 @@ def plan(func, schedule_with: Callable[[Any, Any], Any], candidates: list, targe
         Form("", func, schedule_with, candidates), *alternatives)) if f is not None]
     if found:
         return min(found, key=lambda f: f[1])[0], "record", None
-    if measuring(target):
+    if measuring(target) and argument_bytes(func) <= MEASURE_MAX_BYTES:
         sch, selection = measured_schedule(func, schedule_with, candidates, target,
                                            symbol=symbol, alternatives=alternatives)
         return sch, "rule" if selection is None else "measured", selection

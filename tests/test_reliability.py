@@ -1,7 +1,7 @@
-"""Reliability across processes: several processes building the same kernels into one fresh
-cache build each once and all compute right results; builds killed with SIGKILL at any moment
-leave nothing that a later process loads. Both start Python processes (TVM's import takes
-seconds each): ``slow``."""
+"""Reliability: kernels past 32-bit indices, non-finite inputs, and across processes: several
+processes building the same kernels into one fresh cache build each once and all compute right
+results; builds killed with SIGKILL at any moment leave nothing that a later process loads (both
+start Python processes, TVM's import takes seconds each: ``slow``)."""
 
 from __future__ import annotations
 
@@ -129,3 +129,121 @@ def test_a_records_folder_written_by_two_processes_at_once_stays_readable(tmp_pa
 
     db = ms.database.JSONDatabase(work_dir=str(records), allow_missing=False)
     assert len(db.get_all_tuning_records()) == 4
+
+
+# Past 32-bit indices: a kernel with a buffer of more than bounds.MAX_BUFFER_ELEMENTS elements is
+# built with int64 indices throughout. The decision is tested on small shapes by lowering the
+# limit (every stage of these kernels is then "large"); a real case runs under ``slow``.
+WIDE_CASES = {  # x, weight, stride, padding
+    "3d-stride2": ((2, 5, 6, 9, 11), (7, 5, 3, 3, 3), (1, 2, 2), (1, 1, 1)),
+    "3d-patch": ((1, 3, 4, 16, 16), (8, 3, 2, 4, 4), (2, 4, 4), (0, 0, 0)),
+    "2d-pointwise": ((2, 20, 7, 9), (24, 20, 1, 1), (1, 1), (0, 0)),
+}
+
+
+def _wide_data(name: str):
+    import numpy as np
+
+    x_shape, w_shape, stride, padding = WIDE_CASES[name]
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    w = rng.standard_normal(w_shape).astype(np.float32)
+    nd = len(stride)
+    kw = dict(stride=stride, padding=padding, dilation=(1,) * nd, transposed=False,
+              output_padding=(0,) * nd, groups=1, output_mask=(True, True, True))
+    y_shape = (x_shape[0], w_shape[0], *((i + 2 * p - k) // s + 1 for i, k, s, p in zip(
+        x_shape[2:], w_shape[2:], stride, padding, strict=True)))
+    go = rng.standard_normal(y_shape).astype(np.float32)
+    return go, x, w, kw
+
+
+def _check_against_reference(got, go, x, w, kw, atol=1e-4) -> None:
+    import numpy as np
+
+    from tbe_like.testing import reference as ref
+
+    want = ref.convolution_backward(*(a.astype(np.float64) for a in (go, x, w)), **kw)
+    for g, e in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, e, rtol=0, atol=atol * max(1.0, np.abs(e).max()))
+
+
+@pytest.mark.parametrize("name", list(WIDE_CASES))
+def test_kernels_past_32_bit_indices_are_built_with_64_bit_ones(name, tmp_path, monkeypatch):
+    """Both gradients (and the bias's) on the CPU, built with int64 indices (the kernels say
+    so in their metadata), equal the NumPy reference; so does a kernel of the same shapes
+    with the normal limit (int32)."""
+    from tbe_like import bounds, ops
+    from tbe_like.cache import KernelCache
+
+    go, x, w, kw = _wide_data(name)
+    for limit, dtype in ((100, "int64"), (bounds.MAX_BUFFER_ELEMENTS, "int32")):
+        monkeypatch.setattr(bounds, "MAX_BUFFER_ELEMENTS", limit)
+        executor = ops.prepare_convolution_backward(
+            go, x, w, bias_sizes=[w.shape[0]], cache=KernelCache(tmp_path / dtype), **kw)
+        assert {k.metadata["para_dict"]["index_dtype"] for k in executor.kernels.values()} == {
+            dtype}
+        _check_against_reference(executor(go, x, w), go, x, w, kw)
+
+
+def test_cuda_kernels_past_32_bit_indices_are_built_with_64_bit_ones(monkeypatch):
+    """The CUDA templates (tensor cores for float16, SIMT for float32) with int64 indices:
+    they compile, are proven in bounds, and their emulation equals the reference."""
+    from tbe_like import bounds
+    from tbe_like.testing import emulate
+
+    monkeypatch.setattr(bounds, "MAX_BUFFER_ELEMENTS", 100)
+    go, x, w, kw = _wide_data("3d-stride2")
+    got = emulate.convolution_backward(go, x, w, target={"kind": "cuda", "arch": "sm_90"},
+                                       **kw)
+    _check_against_reference(got, go, x, w, kw)
+    h = [a.astype("float16") for a in (go, x, w)]
+    got = emulate.convolution_backward(*h, target={"kind": "cuda", "arch": "sm_90"}, **kw)
+    _check_against_reference([g.astype("float32") for g in got], *h, kw, atol=4e-3)
+
+
+def _available_memory() -> int:
+    """Bytes of memory available (Linux ``MemAvailable``; 0 where unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+@pytest.mark.slow
+def test_a_volume_past_32_bit_indices_gives_right_results():
+    """A real case: the input gradient of a patch embedding (kernel = stride = 2, 16 -> 16
+    channels) whose result, a float16 volume of 16 x 132 x 1024 x 1024, has 2.2e9 elements
+    (past 2^31). The kernel takes int64 indices; its result is checked in full against the
+    reference, slab by slab (a wrapped index would corrupt every element past 2^31)."""
+    import numpy as np
+
+    from tbe_like import ops
+
+    needed = 16 * 2**30  # float16 result 4.4 GB, its float32 stages 10 GB, dy 0.6 GB
+    if _available_memory() < needed:
+        pytest.skip(f"needs {needed / 2**30:.0f} GiB of available memory")
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((16, 16, 2, 2, 2)).astype(np.float16)
+    go = rng.standard_normal((1, 16, 66, 512, 512), dtype=np.float32).astype(np.float16)
+    x_spec = type("Spec", (), {"shape": (1, 16, 132, 1024, 1024), "dtype": "float16"})()
+    executor = ops.prepare_convolution_backward(
+        go, x_spec, w, bias_sizes=None, stride=2, padding=0, dilation=1,
+        output_mask=(True, False, False))
+    kernel = executor.kernels["grad_input"]
+    assert kernel.metadata["para_dict"]["index_dtype"] == "int64"
+    dx = kernel(go, w)
+    assert dx.shape == x_spec.shape and dx.size > 2**31
+    # dx[ci, 2d + a, 2h + b, 2w + c] = sum_co dy[co, d, h, w] W[co, ci, a, b, c]
+    wm = w.astype(np.float32).reshape(16, 16 * 8).T
+    worst = 0.0
+    for d in range(0, 66, 2):
+        part = (wm @ go[0, :, d:d + 2].astype(np.float32).reshape(16, -1)).reshape(
+            16, 2, 2, 2, 2, 512, 512)
+        want = part.transpose(0, 4, 1, 5, 2, 6, 3).reshape(16, 4, 1024, 1024)
+        got = dx[0, :, 2 * d:2 * d + 4].astype(np.float32)
+        worst = max(worst, float(np.abs(got - want).max() / np.abs(want).max()))
+    assert worst < 2e-3, worst

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 
 from .. import compute, stages
 from .._tvm import IRModule, Target, te, tirx, tvm
-from ..bounds import assert_int32_indexable, compile_checked
+from .. import bounds
+from ..bounds import compile_checked
 from ..compute import layout as lt
 from ..compute.conv3d_backprop_input import conv3d_forward, result_periods
 from ..groups import GroupInfo, group_info
@@ -373,12 +374,10 @@ def one_core(target: Target) -> Target:
     return Target(config)
 
 
-def prim_func(graph: Graph, op: str | None = None):
-    """The unscheduled PrimFunc of a kernel (its tuning workload); refused, naming ``op``
-    (default: the core's operator), when a buffer is too large for 32-bit indices
-    (``bounds.assert_int32_indexable``)."""
-    assert_int32_indexable([graph.output], op or graph.op)
-    return te.create_prim_func([*graph.inputs, graph.output])
+def prim_func(graph: Graph):
+    """The unscheduled PrimFunc of a kernel (its tuning workload), with 64-bit indices when a
+    buffer is past 32-bit ones (``bounds.prim_func``)."""
+    return bounds.prim_func([*graph.inputs, graph.output])
 
 
 def schedule(sch, graph: Graph, target: Target, knobs=None):
@@ -410,8 +409,8 @@ def build(graph: Graph, target: Target, output_dir, kernel_name: str, op: str,
     def scheduler(g: Graph):
         return lambda s, knobs: schedule(s, g, target, knobs)
 
-    func = prim_func(graph, op)
-    forms = tuple(Form(name, prim_func(g, op), scheduler(g), [None])
+    func = prim_func(graph)
+    forms = tuple(Form(name, prim_func(g), scheduler(g), [None])
                   for name, g in (alternatives or {}).items())
     sch, origin, selection = plan(func, scheduler(graph), candidates(graph.op, target), target,
                                   symbol=kernel_name, alternatives=forms)
@@ -423,7 +422,8 @@ def build(graph: Graph, target: Target, output_dir, kernel_name: str, op: str,
         executable = compile_checked(mod, target, kernel_name)
     tensors = [*graph.inputs, graph.output]
     specs = [TensorSpec.of(t, layout) for t, layout in zip(tensors, graph.layouts, strict=True)]
-    para = dict(para_dict, workspace_bytes=workspace_bytes(mod), tuned=tuned)
+    para = dict(para_dict, workspace_bytes=workspace_bytes(mod), tuned=tuned,
+                index_dtype=bounds.index_dtype(tensors))
     if selection is not None:
         para["selection"] = selection.as_dict()
     return export_kernel(executable, output_dir, kernel_name, op, target, specs[:-1],
