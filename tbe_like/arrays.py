@@ -45,6 +45,10 @@ DEVICE_TYPES = {"llvm": _DL_CPU, "cuda": _DL_CUDA}
 COPY_ALIGNMENT = 64
 NUMPY_ALIGNMENT = 16  # what NumPy's allocator guarantees (glibc malloc)
 _DEVICE_NAMES = {_DL_CPU: "cpu", _DL_CUDA: "cuda", 3: "cuda_host"}
+# torch devices that are no DLPack device (no memory: "meta"), by the codes their views carry.
+_TORCH_ONLY = {"meta": -1}
+_DEVICE_NAMES.update({code: name for name, code in _TORCH_ONLY.items()})
+_TORCH_DEVICES = {"cpu": _DL_CPU, "cuda": _DL_CUDA, **_TORCH_ONLY}
 
 
 def _tensor(array: Any) -> Any:
@@ -123,8 +127,10 @@ def view_of(array: Any) -> View:
                     array.__array_interface__["data"][0],
                     tuple(s // array.itemsize for s in array.strides), flags.writeable)
     if _is_torch(array):
-        return View(tuple(array.shape), _name_of(array.dtype),
-                    _DL_CUDA if array.is_cuda else _DL_CPU, array.is_contiguous(),
+        device = _TORCH_DEVICES.get(array.device.type)
+        if device is None:  # mps, xpu, ...: the DLPack device type torch gives them
+            device = int(array.__dlpack_device__()[0])
+        return View(tuple(array.shape), _name_of(array.dtype), device, array.is_contiguous(),
                     array.data_ptr(), tuple(array.stride()))
     if hasattr(array, "__dlpack__"):
         t = _tensor(array)

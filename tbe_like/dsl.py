@@ -20,9 +20,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import compute, params
+from . import bounds, compute, params
 from ._tvm import IRModule, Target, s_tir, te, tirx
-from . import bounds
 from .bounds import compile_checked
 from .kernel import DEFAULT_OUTPUT_DIR, Kernel, TensorSpec, export_kernel
 from .params import calculate_group

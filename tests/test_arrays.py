@@ -356,7 +356,8 @@ class _FakeCudaTensor:
     """Stands for a contiguous torch CUDA tensor: what ``tbe_like.arrays`` reads of one."""
 
     __module__ = "torch.fake"
-    is_cuda, requires_grad, device = True, False, "cuda:0"
+    is_cuda, requires_grad = True, False
+    device = type("FakeDevice", (), {"type": "cuda", "index": 0, "__str__": lambda _: "cuda:0"})()
 
     def __init__(self, shape, pointer):
         self.shape, self.dtype, self._pointer = tuple(shape), _FakeDtype(), pointer
@@ -387,7 +388,7 @@ def test_the_cuda_call_path_allocates_no_host_buffer(kernel, monkeypatch):
     monkeypatch.setattr(device_code, "cuda_present", lambda: True)
 
     def on_gpu(shape, dtype=None, device=None):
-        assert str(dtype) == "torch.float16" and device == "cuda:0"
+        assert str(dtype) == "torch.float16" and str(device) == "cuda:0"
         made.append(_FakeCudaTensor(shape, 1 << 20))
         return made[-1]
 
@@ -414,3 +415,25 @@ def test_an_array_on_another_device_is_refused(kernel, data):
     with pytest.raises(ValueError, match=r"^kernel arrays_small: input 'x' must be on the llvm "
                                          r"kernel's device \(cpu\), got cuda$"):
         kernel(on_gpu, dy)
+
+
+def test_tensors_without_memory_are_refused_by_name(kernel, data, tmp_path_factory):
+    """torch's meta tensors (shapes, no memory; no DLPack) get the operator's ValueError
+    naming the parameter and the device, not PyTorch's DLPack error."""
+    from tbe_like.cache import KernelCache
+
+    cache = KernelCache(tmp_path_factory.getbasetemp() / "arrays_cache")
+    go, x, w = (torch.empty(s, device="meta") for s in ((2, 8, 4, 5), (2, 4, 6, 7), (8, 4, 3, 3)))
+    with pytest.raises(ValueError, match=r"^convolution_backward: grad_output must be on the "
+                                         r"cpu \(the kernels were built for llvm\), got an array "
+                                         r"on meta$"):
+        ops.convolution_backward(go, x, w, bias_sizes=None, stride=1, padding=0, dilation=1,
+                                 cache=cache)
+    dy, xs = torch.empty((1, 4, 4, 8), device="meta"), torch.empty((1, 6, 6, 3), device="meta")
+    with pytest.raises(ValueError, match=r"^deconv_grad_filter: dy must be on the cpu"):
+        ops.deconv_grad_filter(dy, xs, kernel=(3, 3), stride=1, pad=0, dilation=1, group=1,
+                               cache=cache)
+    x_np, dy_np, _ = data
+    with pytest.raises(ValueError, match=r"^kernel arrays_small: input 'x' must be on the llvm "
+                                         r"kernel's device \(cpu\), got meta$"):
+        kernel(torch.empty(x_np.shape, device="meta"), dy_np)

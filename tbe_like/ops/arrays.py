@@ -20,8 +20,11 @@ def dtype_name(op: str, name: str, array: Any) -> str:
     return arrays.dtype_name(array)
 
 
-def check_array(op: str, name: str, array: Any, shape: tuple, dtype: str) -> Any:
-    """``array`` as an executor prepared for ``shape`` and ``dtype`` must receive it."""
+def check_array(op: str, name: str, array: Any, shape: tuple, dtype: str,
+                target: Target | None = None) -> Any:
+    """``array`` as an executor prepared for ``shape`` and ``dtype`` (and kernels for
+    ``target``: on the CPU for CPU kernels, on the CPU or a GPU for CUDA ones) must receive
+    it."""
     if not (isinstance(array, np.ndarray) or hasattr(array, "__dlpack__")):
         raise TypeError(f"{op}: {name} must be a NumPy array, a torch tensor or a DLPack array, "
                         f"got {type(array).__name__}")
@@ -30,6 +33,14 @@ def check_array(op: str, name: str, array: Any, shape: tuple, dtype: str) -> Any
         raise ValueError(f"{op}: {name} must have shape {tuple(shape)} and dtype {dtype} "
                          f"(the executor was prepared for them), got shape "
                          f"{got_shape} dtype {got_dtype}")
+    if target is not None:
+        kind = str(target.kind.name)
+        device = arrays.view_of(array).device
+        allowed = {arrays.DEVICE_TYPES["llvm"], arrays.DEVICE_TYPES[kind]}
+        if device not in allowed:
+            where = " or ".join(sorted(arrays.device_name(d) for d in allowed))
+            raise ValueError(f"{op}: {name} must be on the {where} (the kernels were built for "
+                             f"{kind}), got an array on {arrays.device_name(device)}")
     return array
 
 

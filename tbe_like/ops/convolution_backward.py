@@ -96,9 +96,11 @@ class ConvolutionBackwardExecutor:
             if found is not None:
                 return found
         p = self.params
-        go = check_array(OP, "grad_output", grad_output, p.grad_output_shape, p.grad_output_dtype)
-        x = check_array(OP, "input", input, p.input_shape, p.input_dtype)
-        w = check_array(OP, "weight", weight, p.weight_shape, p.weight_dtype)
+        t = self.target
+        go = check_array(OP, "grad_output", grad_output, p.grad_output_shape, p.grad_output_dtype,
+                         t)
+        x = check_array(OP, "input", input, p.input_shape, p.input_dtype, t)
+        w = check_array(OP, "weight", weight, p.weight_shape, p.weight_dtype, t)
         outs = _out_triple(out)
         if p.empty:
             return _zeros(p, go, outs)

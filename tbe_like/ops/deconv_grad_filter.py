@@ -68,10 +68,10 @@ class DeconvGradFilterExecutor:
         """The filter gradient of ``dy`` and ``x`` (NumPy, torch or DLPack arrays, read in
         place), as an array of dy's library, or written into ``out``."""
         p = self.params
-        check_array(DECONV_OP, "dy", dy, p.dy_shape, p.dtype)
-        check_array(DECONV_OP, "x", x, p.x_shape, p.dtype)
+        check_array(DECONV_OP, "dy", dy, p.dy_shape, p.dtype, self.target)
+        check_array(DECONV_OP, "x", x, p.x_shape, p.dtype, self.target)
         if out is not None:
-            check_array(DECONV_OP, "out", out, p.out_shape, p.dtype)
+            check_array(DECONV_OP, "out", out, p.out_shape, p.dtype, self.target)
         b = p.dy_shape[0]
         return self.kernel(arrays.reshape(dy, (b, 1, *p.dy_shape[1:])),
                            arrays.reshape(x, (b, 1, *p.x_shape[1:])), out=out)

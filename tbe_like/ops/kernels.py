@@ -21,9 +21,8 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from .. import compute, stages
+from .. import bounds, compute, stages
 from .._tvm import IRModule, Target, te, tirx, tvm
-from .. import bounds
 from ..bounds import compile_checked
 from ..compute import layout as lt
 from ..compute.conv3d_backprop_input import conv3d_forward, result_periods
