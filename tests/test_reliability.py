@@ -78,12 +78,9 @@ def test_builds_killed_at_any_moment_leave_nothing_loaded(tmp_path):
     assert stats["builds"] + stats["disk_hits"] == 2
 
 
-@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
-def test_non_finite_inputs_give_the_documented_results(bad):
-    """An Inf or NaN in grad_output and input: every output PyTorch gives non-finite is
-    non-finite here too (an Inf may come out NaN); the input gradient's Winograd tiles (F(4,3)
-    along W on CPUs) also make the other columns of a tile that reads it non-finite, nothing
-    beyond: at most 3 columns from one PyTorch's is non-finite. Finite elsewhere."""
+def _non_finite_case(bad: float):
+    """Gradients of a layer with one Inf or NaN in grad_output and one in input: (ours,
+    PyTorch's), each a pair (grad_input, grad_weight) of "non-finite" masks."""
     torch = pytest.importorskip("torch")
     import numpy as np
 
@@ -99,12 +96,33 @@ def test_non_finite_inputs_give_the_documented_results(bad):
     want = torch.ops.aten.convolution_backward(
         *(torch.from_numpy(a) for a in (go, x, w)), None, [1] * 3, [1] * 3, [1] * 3, False,
         [0] * 3, 1, [True, True, False])
-    for g, e in zip(got[:2], want[:2], strict=True):
-        theirs, ours = ~np.isfinite(e.numpy()), ~np.isfinite(g)
+    return ([~np.isfinite(g) for g in got[:2]], [~np.isfinite(e.numpy()) for e in want[:2]])
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_non_finite_inputs_give_the_documented_results(bad):
+    """An Inf or NaN in grad_output and input: every output PyTorch gives non-finite is
+    non-finite here too (an Inf may come out NaN); the input gradient's Winograd tiles (F(4,3)
+    along W on CPUs) also make the other columns of a tile that reads it non-finite, nothing
+    beyond: at most 3 columns from one PyTorch's is non-finite. Finite elsewhere."""
+    import numpy as np
+
+    for ours, theirs in zip(*_non_finite_case(bad), strict=True):
         assert theirs.any() and np.all(ours[theirs])
         for *lead, col in zip(*np.nonzero(ours & ~theirs), strict=True):
             row = theirs[tuple(lead)]
             assert row[max(0, col - 3):col + 4].any(), (lead, col)
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_the_direct_form_puts_non_finite_values_where_pytorch_does(bad, monkeypatch):
+    """``TBE_LIKE_WINOGRAD=0``: the kernels built then (a kernel cache key of their own)
+    compute in the direct form; their non-finite results are exactly PyTorch's."""
+    import numpy as np
+
+    monkeypatch.setenv("TBE_LIKE_WINOGRAD", "0")
+    for ours, theirs in zip(*_non_finite_case(bad), strict=True):
+        assert theirs.any() and np.array_equal(ours, theirs)
 
 
 @pytest.mark.slow

@@ -275,7 +275,7 @@ def _cached(cache: KernelCache, kind: str, conv: kernels.Conv3d, prec: kernels.P
     fields = {"kernel": kind, "transposed": transposed, "conv": asdict(conv),
               "precision": asdict(prec), "records": records_fingerprint(),
               "serial": kernels.serial(conv.flops(), math.prod(_result_shape(kind, conv)),
-                                       target)}
+                                       target), "winograd": kernels.winograd_on(target)}
 
     def build(output_dir, kernel_name):
         graph = graph_of(kind, conv, prec, transposed, target)

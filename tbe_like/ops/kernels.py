@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from dataclasses import dataclass, field
 
 from .. import bounds, compute, stages
@@ -150,10 +151,16 @@ def _placeholder(shape, name: str, dtype: str) -> te.Tensor:
     return te.placeholder(tuple(shape), name=name, dtype=dtype)
 
 
+# ``TBE_LIKE_WINOGRAD=0``: kernels built from then on compute in the direct form only, whose
+# non-finite results are exactly where the direct sums put them (README, "Non-finite values").
+WINOGRAD_ENV = "TBE_LIKE_WINOGRAD"
+
+
 def winograd_on(target: Target) -> bool:
-    """Whether the input-gradient kernels for ``target`` use Winograd F(m,3) along W where it
-    applies (``compute.conv3d_backprop_input``): on CPUs, where the multiply-adds are the time."""
-    return str(target.kind.name) == "llvm"
+    """Whether the kernels for ``target`` use Winograd F(m,3) along W where it applies
+    (``compute.conv3d_backprop_input``/``_filter``): on CPUs, where the multiply-adds are the
+    time, unless ``TBE_LIKE_WINOGRAD=0``."""
+    return str(target.kind.name) == "llvm" and os.environ.get(WINOGRAD_ENV, "1") != "0"
 
 
 def uses_winograd(graph: Graph) -> bool:

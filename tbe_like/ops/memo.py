@@ -4,7 +4,8 @@
 on every call (validation, the kernel cache's key: about 0.5 ms) would cost more than many
 kernels. A call whose arguments (shapes, dtypes, parameters, target, cache) were seen before
 reuses the executor prepared then, as long as nothing a build reads has changed since: the
-records folders (``TBE_LIKE_RECORDS``, ``TBE_LIKE_CACHE_DIR``, ``TBE_LIKE_TUNED``) and the
+records folders (``TBE_LIKE_RECORDS``, ``TBE_LIKE_CACHE_DIR``, ``TBE_LIKE_TUNED``), the
+kernels' form (``TBE_LIKE_WINOGRAD``) and the
 records this process wrote (``tune.records_generation``). Records another process writes apply
 to the executors prepared after they land (as in the kernel cache, whose key holds them).
 """
@@ -21,7 +22,7 @@ from .. import arrays
 from ..tune import RECORDS_ENV, TUNED_ENV, records_generation
 
 MAX_PREPARED = 64  # executors kept: a network's distinct layers, both passes
-_ENV = (RECORDS_ENV, TUNED_ENV, "TBE_LIKE_CACHE_DIR", "XDG_CACHE_HOME")
+_ENV = (RECORDS_ENV, TUNED_ENV, "TBE_LIKE_CACHE_DIR", "XDG_CACHE_HOME", "TBE_LIKE_WINOGRAD")
 _PREPARED: OrderedDict[Hashable, Any] = OrderedDict()
 _LOCK = threading.Lock()
 
