@@ -18,7 +18,9 @@ class Heuristic:
     1000-column 1D row ran 10% faster with 8 zmm accumulators than with 4, and 25% faster than
     with 24 and a predicated tail, on Zen 4); ``whole`` makes the weight gradient sum its whole
     reduction inside each tile and unpack its result in steps up to a larger reduction than
-    the rule's own limit (``None``: the rule decides).
+    the rule's own limit (``None``: the rule decides); ``gemm`` makes the input gradient's
+    register tile a GEMM micro-kernel's, blocked over positions and channel blocks to the
+    fewest loads per multiply-add (``None``: the widest row of positions).
 
     A rule called without knobs uses ``Heuristic(<the target's lanes>)``. The rules'
     ``candidates`` are the few heuristics that measured selection (``tbe_like.tune``) times on
@@ -30,6 +32,7 @@ class Heuristic:
     split_k: bool | None = None
     accumulators: int | None = None
     whole: bool | None = None
+    gemm: bool | None = None
 
     def __str__(self) -> str:  # the fields that are set: how selections name their choice
         fields = ", ".join(f"{k}={v}" for k, v in vars(self).items() if v is not None)

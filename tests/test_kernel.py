@@ -334,6 +334,20 @@ def test_ensure_threads_keeps_a_user_choice(monkeypatch):
     assert os.environ["TVM_NUM_THREADS"] == str(tgt.cpu_count())
 
 
+def test_workers_are_not_pinned_to_cores(kernel, data):
+    """After a parallel kernel ran, every thread of the process (TVM's workers included) may
+    run on every core the process may use (``TVM_BIND_THREADS=0``): a pinned worker and the
+    calling thread ended up sharing one core beside PyTorch's threads, 3-4x slower."""
+    if not hasattr(os, "sched_getaffinity") or not os.path.isdir("/proc/self/task"):
+        pytest.skip("Linux only")
+    if tgt.cpu_count() < 2:
+        pytest.skip("one core: nothing to pin to")
+    kernel(data[2], data[3])
+    allowed = os.sched_getaffinity(0)
+    threads = {int(t): os.sched_getaffinity(int(t)) for t in os.listdir("/proc/self/task")}
+    assert len(threads) > 1 and all(cpus == allowed for cpus in threads.values()), threads
+
+
 # ----------------------------------------------------------------------------- (i) timing
 
 

@@ -117,6 +117,38 @@ def default_knobs(p: BackpropInputParams, lanes: int, width: int | None = None,
     return Knobs(w_tile, chunk)
 
 
+# The most input-channel blocks a GEMM tile (``gemm_knobs``) holds, and the filter values (fp32)
+# a reduction chunk of such a tile may stream from L1 (kh*kw*co_chunk*cb_tile*C0: 16 KiB).
+GEMM_BLOCKS = 8
+GEMM_CHUNK_VALUES = 4096
+
+
+def gemm_knobs(p: BackpropInputParams, lanes: int, width: int, channels: int, height: int,
+               blocks: int, accumulators: int | None = None) -> Knobs:
+    """A register tile blocked like a GEMM micro-kernel: ``rows x cols`` positions (divisors
+    of the H and W extents: no predicated tail) times ``cb_tile`` input-channel blocks (a
+    divisor of ``blocks``), the one with the fewest loads per multiply-add (per output channel
+    a tile loads cb_tile*C0/lanes filter vectors and broadcasts rows*cols dy values for
+    rows*cols*cb_tile*C0/lanes multiply-adds) that fits the accumulators; ties: more
+    accumulators, then more columns. The default tile is one row of up to 24 positions, a
+    load per multiply-add: on a late stage's 4x4 maps it had 4 accumulators. The chunk of
+    output channels shrinks so that the filter values a tile streams stay in L1."""
+    vectors = max(1, p.geometry.c0 // lanes)
+    budget = accumulators or ACC_REGS.get(lanes, 8)
+    options = []
+    for rows in divisors(height):
+        for cols in divisors(width):
+            for cbt in (c for c in divisors(blocks) if c <= GEMM_BLOCKS):
+                acc = rows * cols * cbt * vectors
+                if acc <= budget:
+                    loads = cbt * vectors + rows * cols
+                    options.append((loads / acc, -acc, -cols, rows, cols, cbt))
+    _, _, _, rows, cols, cbt = min(options)
+    taps = math.prod(p.geometry.kernel[1:])
+    chunk = _fit(channels, max(1, min(CO_CHUNK, GEMM_CHUNK_VALUES // (taps * cbt * p.geometry.c0))))
+    return Knobs(cols, chunk, h_tile=rows, cb_tile=cbt)
+
+
 def _fit(extent: int, want: int) -> int:
     """The largest divisor of ``extent`` that is at most ``want``."""
     return max(d for d in divisors(extent) if d <= max(1, want))
@@ -199,10 +231,11 @@ def _schedule_filter(sch, name: str, c0: int, target) -> None:
 
 
 def candidates(target) -> list[Heuristic]:
-    """What measured selection times: the tiles for either vector width, and AVX-512's with
-    at most 8 accumulators."""
+    """What measured selection times: the tiles for either vector width, AVX-512's with at
+    most 8 accumulators, and AVX-512's GEMM tile (:func:`gemm_knobs`)."""
     del target
-    return [*(Heuristic(lanes) for lanes in HEURISTIC_LANES), Heuristic(16, accumulators=8)]
+    return [*(Heuristic(lanes) for lanes in HEURISTIC_LANES), Heuristic(16, accumulators=8),
+            Heuristic(16, gemm=True)]
 
 
 @register(INPUT_OP, "llvm", candidates=candidates)
@@ -229,9 +262,16 @@ def schedule(sch, p: BackpropInputParams, target,
             _schedule_filter(sch, name, p.geometry.c0, target)
     for name in names:
         if name.startswith(stages.DX_MAD):
-            height, width, channels = _extents(sch, sch.get_sblock(name))
-            fit = (default_knobs(p, knobs.lanes, width, channels, height, knobs.accumulators)
-                   if isinstance(knobs, Heuristic) else knobs)
+            mad = sch.get_sblock(name)
+            height, width, channels = _extents(sch, mad)
+            if isinstance(knobs, Heuristic) and knobs.gemm:
+                blocks = int(sch.get(_mad_loops(sch, mad)[2]).extent)
+                fit = gemm_knobs(p, knobs.lanes, width, channels, height, blocks,
+                                 knobs.accumulators)
+            elif isinstance(knobs, Heuristic):
+                fit = default_knobs(p, knobs.lanes, width, channels, height, knobs.accumulators)
+            else:
+                fit = knobs
             _schedule_mad(sch, name, fit, target)
     fuse_parallel_vectorize(sch, stages.DX_RES, 2, target)
     return sch
