@@ -289,9 +289,27 @@ def test_candidates_cover_both_widths_and_split_k():
     assert {(h.lanes, h.split_k, h.whole) for h in weight} == {
         (8, False, None), (8, True, None), (16, False, None), (16, True, None), (8, False, True),
         (16, False, True)}
-    assert {(h.lanes, h.accumulators) for h in candidates(
-        kernels.grad_input(SHAPES["w7-prime"], F32).op, TARGET)} == {(8, None), (16, None),
-                                                                     (16, 8)}
+    assert {(h.lanes, h.accumulators, h.gemm) for h in candidates(
+        kernels.grad_input(SHAPES["w7-prime"], F32).op, TARGET)} == {
+        (8, None, None), (16, None, None), (16, 8, None), (16, None, True)}
+
+
+def test_the_gemm_tile_blocks_positions_and_channel_blocks():
+    """A late stage's 4x4 map: the default tile is one row of 4 positions (4 accumulators, a
+    load per multiply-add); the GEMM tile takes 4 positions x 4 channel blocks (16
+    accumulators, 8 loads per 16 multiply-adds), and streams less filter per chunk."""
+    from tbe_like.schedules.llvm import conv3d_backprop_input as dx_rule
+
+    conv = kernels.Conv3d(1, 512, 512, (2, 4, 4), (2, 4, 4), (3, 3, 3), (1, 1, 1), (1,) * 6,
+                          (1, 1, 1), 1)
+    p = kernels.grad_input(conv, F32).params
+    default = dx_rule.default_knobs(p, 16, 4, 512, 4)
+    assert (default.h_tile, default.w_tile, default.cb_tile) == (1, 4, 1)
+    gemm = dx_rule.gemm_knobs(p, 16, 4, 512, 4, 32)
+    assert (gemm.h_tile * gemm.w_tile, gemm.cb_tile) == (4, 4)
+    assert gemm.co_chunk * 9 * 4 * 16 <= dx_rule.GEMM_CHUNK_VALUES
+    narrow = dx_rule.gemm_knobs(p, 8, 4, 512, 4, 32)  # AVX2: 8 accumulators, 2 per C0 block
+    assert narrow.h_tile * narrow.w_tile * narrow.cb_tile * 2 <= dx_rule.ACC_REGS[8]
 
 
 def test_a_tile_that_does_not_divide_its_loop_is_refused():
