@@ -20,7 +20,9 @@ class Heuristic:
     reduction inside each tile and unpack its result in steps up to a larger reduction than
     the rule's own limit (``None``: the rule decides); ``gemm`` makes the input gradient's
     register tile a GEMM micro-kernel's, blocked over positions and channel blocks to the
-    fewest loads per multiply-add (``None``: the widest row of positions).
+    fewest loads per multiply-add (``None``: the widest row of positions); ``rows`` makes a
+    pointwise input gradient compute its result one output row at a time, reading dy where it
+    lies and writing the row out while it is in cache (``None``: stage by stage).
 
     A rule called without knobs uses ``Heuristic(<the target's lanes>)``. The rules'
     ``candidates`` are the few heuristics that measured selection (``tbe_like.tune``) times on
@@ -33,6 +35,7 @@ class Heuristic:
     accumulators: int | None = None
     whole: bool | None = None
     gemm: bool | None = None
+    rows: bool | None = None
 
     def __str__(self) -> str:  # the fields that are set: how selections name their choice
         fields = ", ".join(f"{k}={v}" for k, v in vars(self).items() if v is not None)

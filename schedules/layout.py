@@ -29,6 +29,7 @@ from tbe_like import stages
 from tbe_like._tvm import s_tir
 
 from .common import block_names, fuse_parallel_vectorize, parallel, vectorize
+from .llvm.conv3d_backprop_input import ROWS_TILE
 
 _REDUCE = 2  # IterVar.CommReduce
 
@@ -56,8 +57,10 @@ def schedule_layout_stages(sch, target, row_periods=None, filter_c0: int | None 
         if name.startswith(stages.LAYOUT_IN):
             block = sch.get_sblock(name)
             consumers = sch.get_consumers(block)
-            if consumers and not any(_is_reduction(sch, c) or _is_winograd(sch, c)
-                                     for c in consumers):
+            if consumers and (all(ROWS_TILE in sch.get(c).annotations for c in consumers)
+                              or not any(_is_reduction(sch, c) or _is_winograd(sch, c)
+                                         for c in consumers)):
+                # (A reduction computed row by row reads the user's array: see ROWS_TILE.)
                 sch.compute_inline(block)
             elif len(consumers) == 1 and sch.get(consumers[0]).name_hint in _PER_PLANE:
                 # Packed one (n, d) plane at a time inside the transform's task: the plane
@@ -151,6 +154,22 @@ def _unpack_filter(sch, block, c0: int, target) -> None:
     sch.unroll(ci0)
 
 
+def _reduce_in_rows(sch, mad, row) -> None:
+    """A pointwise input gradient's reduction (marked ``ROWS_TILE`` by its rule) computed under
+    the result's ``row`` loop: per channel block, tiles of ``ROWS_TILE`` positions of the row
+    times C0 channels (vectorized) sum over the output channels, dy's values broadcast."""
+    tile = int(sch.get(mad).annotations[ROWS_TILE])
+    sch.unannotate(mad, ROWS_TILE)
+    sch.compute_at(mad, row)
+    cb, w, ci0, co = sch.get_loops(mad)[-4:]
+    w_o, w_i = sch.split(w, [None, tile])
+    sch.reorder(cb, w_o, co, w_i, ci0)
+    sch.unroll(w_i)
+    sch.vectorize(ci0)
+    init = sch.decompose_reduction(mad, co)
+    sch.vectorize(sch.get_loops(init)[-1])
+
+
 def _unpack_rows(sch, block, period: int, target) -> None:
     """Parallel over output rows (n, d, h); per row, the producer ``(N, D, C1, H*W, C0)`` into a
     row buffer (C0 vectorized, its H*W loop split by ``period`` when that divides W), then the
@@ -162,6 +181,9 @@ def _unpack_rows(sch, block, period: int, target) -> None:
     row = parallel(sch, [n, d, h], target)
     vectorize(sch, w)
     sch.compute_at(producer, row)
+    for mad in sch.get_producers(producer):
+        if ROWS_TILE in sch.get(mad).annotations:
+            _reduce_in_rows(sch, mad, row)
     own = sch.get_loops(producer)[1:]  # under the row loop; unit loops are not made
     if not own:
         return

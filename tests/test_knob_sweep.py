@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from conftest import NP_DTYPES, RTOL, conv3d, round_hf32, stage_names, tiered
 from tbe_like.schedules import Heuristic, candidates
-from tbe_like.schedules.common import MAX_VECTOR_LANES, SAMPLE
+from tbe_like.schedules.common import HEURISTIC_LANES, MAX_VECTOR_LANES, SAMPLE
 from tbe_like.schedules.llvm import conv3d_backprop_filter as dw_rule
 from tbe_like.schedules.llvm import conv3d_backprop_input as dx_rule
 
@@ -56,6 +56,9 @@ SHAPES = {
     "k111-cin40-cout24": conv3d(1, 40, (2, 3, 5), 24, (1, 1, 1), pad=0),
     "k111-groups2-stride2": conv3d(2, 32, (3, 5, 5), 48, (1, 1, 1), pad=0, stride=2,
                                    groups=2),
+    # A pointwise input gradient computed row by row (``Heuristic(rows=True)``): tiles of 12
+    # (AVX-512) or 4 (AVX2) positions, channels that are not multiples of 16.
+    "k111-w12-cin24-cout20": conv3d(2, 24, (2, 3, 12), 20, (1, 1, 1), pad=0),
     # A 1D layer's long row (its output row was one 1000-lane vector: minutes in LLVM).
     "1d-w1000-k5": kernels.Conv3d(1, 16, 16, (1, 1, 1000), (1, 1, 1000), (1, 1, 5), (1, 1, 1),
                                   (0, 0, 0, 0, 2, 2), (1, 1, 1), 1),
@@ -310,6 +313,38 @@ def test_the_gemm_tile_blocks_positions_and_channel_blocks():
     assert gemm.co_chunk * 9 * 4 * 16 <= dx_rule.GEMM_CHUNK_VALUES
     narrow = dx_rule.gemm_knobs(p, 8, 4, 512, 4, 32)  # AVX2: 8 accumulators, 2 per C0 block
     assert narrow.h_tile * narrow.w_tile * narrow.cb_tile * 2 <= dx_rule.ACC_REGS[8]
+
+
+@pytest.mark.parametrize("lanes", HEURISTIC_LANES)
+def test_a_pointwise_input_gradient_is_computed_row_by_row(lanes):
+    """``Heuristic(rows=True)`` on a pointwise layer: two parallel stages (the flipped filter,
+    the rows), dy read where it lies (no packed copy), right results; elsewhere the rule's
+    default schedule."""
+    from tvm_ffi import structural_hash
+
+    def scheduled(graph, knobs):
+        sch = s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)}))
+        return kernels.schedule(sch, graph, TARGET, knobs).mod
+
+    conv = SHAPES["k111-w12-cin24-cout20"]
+    graph = _graph("grad_input", conv, False)
+    rows = scheduled(graph, Heuristic(lanes, rows=True)).script()
+    assert rows.count("T.parallel(") == 2, rows
+    assert "dx_dy_pad = T.sblock_alloc_buffer" not in rows
+    assert scheduled(graph, Heuristic(lanes)).script().count("T.parallel(") == 4
+    arrays = _inputs(graph)
+    _check(_run(graph, Heuristic(lanes, rows=True), arrays),
+           _expected("grad_input", conv, arrays))
+    for prec in PRECISIONS.values():  # dy converted where the reduction reads it
+        precision = kernels.Precision.on(TARGET, prec.dtype, prec.compute, prec.hf32)
+        graph = _graph("grad_input", conv, False, precision)
+        arrays = _inputs(graph)
+        rounded = [_round(a, prec) for a in arrays]
+        _check(_run(graph, Heuristic(lanes, rows=True), arrays),
+               _expected("grad_input", conv, rounded), _tolerance(prec))
+    strided = _graph("grad_input", SHAPES["k111-groups2-stride2"], False)
+    assert (structural_hash(scheduled(strided, Heuristic(lanes, rows=True)))
+            == structural_hash(scheduled(strided, Heuristic(lanes))))
 
 
 def test_a_tile_that_does_not_divide_its_loop_is_refused():
