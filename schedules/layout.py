@@ -160,8 +160,9 @@ def _reduce_in_rows(sch, mad, row) -> None:
     times C0 channels (vectorized) sum over the output channels, dy's values broadcast."""
     tile = int(sch.get(mad).annotations[ROWS_TILE])
     sch.unannotate(mad, ROWS_TILE)
-    sch.compute_at(mad, row)
-    cb, w, ci0, co = sch.get_loops(mad)[-4:]
+    sch.compute_at(mad, row, preserve_unit_loops=True)  # a loop per iterator, unit or not
+    # (n, d, cb, h, w, ci0, co, kd, kh, kw): the reduction's iterators, under the row's loop.
+    _, _, cb, _, w, ci0, co, _, _, _ = sch.get_loops(mad)[-10:]
     w_o, w_i = sch.split(w, [None, tile])
     sch.reorder(cb, w_o, co, w_i, ci0)
     sch.unroll(w_i)

@@ -342,6 +342,13 @@ def test_a_pointwise_input_gradient_is_computed_row_by_row(lanes):
         rounded = [_round(a, prec) for a in arrays]
         _check(_run(graph, Heuristic(lanes, rows=True), arrays),
                _expected("grad_input", conv, rounded), _tolerance(prec))
+    for one_block in (conv3d(1, 8, (2, 3, 5), 20, (1, 1, 1), pad=0),  # 8 channels: 1 block
+                      conv3d(2, 16, (1, 1, 1), 24, (1, 1, 1), pad=0)):  # a 1x1x1 map
+        graph = _graph("grad_input", one_block, False)
+        arrays = _inputs(graph)
+        _check(_run(graph, Heuristic(lanes, rows=True), arrays),
+               _expected("grad_input", one_block, arrays))
+        assert scheduled(graph, Heuristic(lanes, rows=True)).script().count("T.parallel(") <= 2
     strided = _graph("grad_input", SHAPES["k111-groups2-stride2"], False)
     assert (structural_hash(scheduled(strided, Heuristic(lanes, rows=True)))
             == structural_hash(scheduled(strided, Heuristic(lanes))))

@@ -304,8 +304,10 @@ def schedule(sch, p: BackpropInputParams, target,
         if name.startswith(stages.DX_MAD):
             mad = sch.get_sblock(name)
             height, width, channels = _extents(sch, mad)
-            if isinstance(knobs, Heuristic) and knobs.gemm:
-                blocks = int(sch.get(_mad_loops(sch, mad)[2]).extent)
+            blocks = int(sch.get(_mad_loops(sch, mad)[2]).extent)
+            if isinstance(knobs, Heuristic) and knobs.gemm and blocks > 1:
+                # (One channel block, depthwise: no second operand to block; the candidate
+                # schedules as the default and is compiled once, within the build budget.)
                 fit = gemm_knobs(p, knobs.lanes, width, channels, height, blocks,
                                  knobs.accumulators)
             elif isinstance(knobs, Heuristic):
