@@ -105,7 +105,7 @@ def default_knobs(p: BackpropInputParams, lanes: int, width: int | None = None,
     width = p.geometry.in_spatial[2] if width is None else width
     height = p.geometry.in_spatial[1] if height is None else height
     channels = CO_CHUNK if channels is None else channels
-    budget = (accumulators or ACC_REGS.get(lanes, 8)) // max(1, p.geometry.c0 // lanes)
+    budget = _positions(p, lanes, accumulators)
     chunk = _fit(channels, CO_CHUNK)
     w_tile = max(1, min(budget, width))
     if width % w_tile:
@@ -147,6 +147,12 @@ def gemm_knobs(p: BackpropInputParams, lanes: int, width: int, channels: int, he
     taps = math.prod(p.geometry.kernel[1:])
     chunk = _fit(channels, max(1, min(CO_CHUNK, GEMM_CHUNK_VALUES // (taps * cbt * p.geometry.c0))))
     return Knobs(cols, chunk, h_tile=rows, cb_tile=cbt)
+
+
+def _positions(p: BackpropInputParams, lanes: int, accumulators: int | None = None) -> int:
+    """The output positions a one-block register tile holds: the accumulators (``ACC_REGS``
+    for the width, or ``accumulators``) over the vectors of a C0 block."""
+    return (accumulators or ACC_REGS.get(lanes, 8)) // max(1, p.geometry.c0 // lanes)
 
 
 def _fit(extent: int, want: int) -> int:
@@ -235,7 +241,7 @@ def _schedule_filter(sch, name: str, c0: int, target) -> None:
 ROWS_TILE = "tbe_like.dx_rows_tile"
 
 
-def _rows_apply(sch, p: BackpropInputParams, names: list[str]) -> bool:
+def _rows_apply(p: BackpropInputParams, names: list[str]) -> bool:
     """Whether a kernel is a pointwise input gradient (1x1x1 kernel, stride 1, no padding, one
     group: a GEMM of the filter and each row of dy) in one reduction, whose result is unpacked
     to NCDHW row by row."""
@@ -258,11 +264,9 @@ def _schedule_rows(sch, p: BackpropInputParams, knobs: Heuristic, target):
     and wrote 23 MB stage by stage)."""
     sch.compute_inline(sch.get_sblock(stages.DX_DY_PAD))
     _schedule_filter(sch, stages.DX_FILTER_FLIP, p.geometry.c0, target)
-    vectors = max(1, p.geometry.c0 // knobs.lanes)
-    budget = (knobs.accumulators or ACC_REGS.get(knobs.lanes, 8)) // vectors
-    width = p.geometry.in_spatial[2]
+    budget = _positions(p, knobs.lanes, knobs.accumulators)
     sch.annotate(sch.get_sblock(stages.DX_MAD), ROWS_TILE,
-                 max(d for d in divisors(width) if d <= max(1, budget)))
+                 _fit(p.geometry.in_spatial[2], budget))
     return sch
 
 
@@ -287,7 +291,7 @@ def schedule(sch, p: BackpropInputParams, target,
     if knobs is None:
         knobs = Heuristic(vector_lanes(target))
     names = block_names(sch)
-    if isinstance(knobs, Heuristic) and knobs.rows and _rows_apply(sch, p, names):
+    if isinstance(knobs, Heuristic) and knobs.rows and _rows_apply(p, names):
         return _schedule_rows(sch, p, knobs, target)
     if stages.DX_DY_DILATE in names:
         sch.compute_inline(sch.get_sblock(stages.DX_DY_DILATE))

@@ -405,7 +405,7 @@ def schedule(sch, graph: Graph, target: Target, knobs=None):
 def alternative_candidates(graph: Graph, target: Target) -> list:
     """What measured selection times for another form of a kernel (its direct form): the
     rule's default, and the input gradient's GEMM tile (``Heuristic(gemm=True)``), which made
-    late-stage direct input gradients 8-23% faster on Zen 4 (c3d conv4b 6.5 -> 5.1 ms). The
+    late-stage direct input gradients 8-27% faster on Zen 4 (c3d conv4b 6.5 -> 4.8 ms). The
     width candidates are left to the kernel's own form: each costs a compile."""
     from ..schedules import candidates
 
