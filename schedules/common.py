@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tbe_like._tvm import s_tir, tirx
+
 # Pass as a rule's ``knobs`` to draw the knobs with ``sample_perfect_tile`` instead of fixing
 # them: the rule then describes a MetaSchedule search space (``tbe_like.tune``).
 SAMPLE = "sample"
@@ -67,13 +69,45 @@ def vectorize(sch, loop) -> None:
     sch.vectorize(loop)
 
 
+# Innermost iterations (elements a layout stage writes, multiply-adds of a reduction) below
+# which a stage runs on the calling thread: every parallel loop wakes TVM's sleeping workers
+# (10-20 us here; they cannot spin, see ``tbe_like.target``), longer than copying 32K floats
+# takes. A 2D 4x4 patch embedding's weight gradient (0.12 ms) spent about a third of its time
+# waking them for four stages, one of them a 4608-element copy.
+PARALLEL_MIN_ITERATIONS = 32 * 1024
+
+
+def iterations(stmt) -> int:
+    """How many times the innermost blocks under ``stmt`` (a loop) run: the product of the loop
+    extents down each branch, summed over the branches."""
+    if isinstance(stmt, tirx.For):
+        return int(stmt.extent) * iterations(stmt.body)
+    if isinstance(stmt, tirx.SeqStmt):
+        return sum(iterations(s) for s in stmt.seq)
+    if isinstance(stmt, s_tir.SBlockRealize):
+        return max(1, iterations(stmt.block.body))
+    if isinstance(stmt, tirx.IfThenElse):
+        return iterations(stmt.then_case) + (
+            iterations(stmt.else_case) if stmt.else_case is not None else 0)
+    body = getattr(stmt, "body", None)
+    return iterations(body) if body is not None else 0
+
+
 def parallel(sch, loops, target):
     """Fuse ``loops`` into one loop and run it in parallel, unless ``target`` has one core
-    (:func:`num_threads`): a kernel made for one core starts no thread at all."""
+    (:func:`num_threads`: a kernel made for one core starts no thread at all) or the loop does
+    too little for a thread to be woken (``PARALLEL_MIN_ITERATIONS``)."""
     loop = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    if num_threads(target) > 1:
-        sch.parallel(loop)
+    parallelize(sch, loop, target)
     return loop
+
+
+def parallelize(sch, loop, target, more: int = 0) -> None:
+    """Run ``loop`` in parallel where :func:`parallel` would, counting ``more`` iterations
+    besides its own: those of stages that will be placed under it."""
+    if (num_threads(target) > 1
+            and iterations(sch.get(loop)) + more >= PARALLEL_MIN_ITERATIONS):
+        sch.parallel(loop)
 
 
 def fuse_parallel_vectorize(sch, block_name: str, n_parallel: int, target):

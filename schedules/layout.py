@@ -28,7 +28,14 @@ import math
 from tbe_like import stages
 from tbe_like._tvm import s_tir
 
-from .common import block_names, fuse_parallel_vectorize, parallel, vectorize
+from .common import (
+    block_names,
+    fuse_parallel_vectorize,
+    iterations,
+    parallel,
+    parallelize,
+    vectorize,
+)
 from .llvm.conv3d_backprop_input import ROWS_TILE
 
 _REDUCE = 2  # IterVar.CommReduce
@@ -57,7 +64,9 @@ def schedule_layout_stages(sch, target, row_periods=None, filter_c0: int | None 
         if name.startswith(stages.LAYOUT_IN):
             block = sch.get_sblock(name)
             consumers = sch.get_consumers(block)
-            if consumers and (all(ROWS_TILE in sch.get(c).annotations for c in consumers)
+            if _placed(sch, block):
+                pass  # the rule computes it inside its consumer's tasks
+            elif consumers and (all(ROWS_TILE in sch.get(c).annotations for c in consumers)
                               or not any(_is_reduction(sch, c) or _is_winograd(sch, c)
                                          for c in consumers)):
                 # (A reduction computed row by row reads the user's array: see ROWS_TILE.)
@@ -90,6 +99,12 @@ def schedule_layout_stages(sch, target, row_periods=None, filter_c0: int | None 
                     _unpack_filter(sch, block, filter_c0, target)
             else:
                 fuse_parallel_vectorize(sch, name, 2, target)
+
+
+def _placed(sch, block) -> bool:
+    """Whether a rule placed ``block`` under another block's loops (``compute_at``)."""
+    loops = sch.get_loops(block)
+    return bool(loops) and len(sch.get_child_blocks(loops[0])) > 1
 
 
 def _unpack_at(sch, block):
@@ -179,12 +194,17 @@ def _unpack_rows(sch, block, period: int, target) -> None:
     n, c, d, h, w = sch.get_loops(block)
     width = int(sch.get(w).extent)
     sch.reorder(n, d, h, c, w)
-    row = parallel(sch, [n, d, h], target)
+    row = sch.fuse(n, d, h)
+    mads = [mad for mad in sch.get_producers(producer)
+            if ROWS_TILE in sch.get(mad).annotations]
+    # (Decided before the reduction is placed under it, counting it: TVM parallelizes a loop
+    # over a reduction only while its zeroing is not yet a block of its own.)
+    parallelize(sch, row, target, more=sum(
+        iterations(sch.get(sch.get_loops(mad)[0])) for mad in mads))
     vectorize(sch, w)
     sch.compute_at(producer, row)
-    for mad in sch.get_producers(producer):
-        if ROWS_TILE in sch.get(mad).annotations:
-            _reduce_in_rows(sch, mad, row)
+    for mad in mads:
+        _reduce_in_rows(sch, mad, row)
     own = sch.get_loops(producer)[1:]  # under the row loop; unit loops are not made
     if not own:
         return

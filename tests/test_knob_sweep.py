@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import NP_DTYPES, RTOL, conv3d, round_hf32, stage_names, tiered
-from tbe_like.schedules import Heuristic, candidates
+from tbe_like.schedules import Heuristic, candidates, common
 from tbe_like.schedules.common import HEURISTIC_LANES, MAX_VECTOR_LANES, SAMPLE
 from tbe_like.schedules.llvm import conv3d_backprop_filter as dw_rule
 from tbe_like.schedules.llvm import conv3d_backprop_input as dx_rule
@@ -37,6 +37,16 @@ from tbe_like.testing import reference as ref
 
 TARGET = host_target()
 F32 = kernels.Precision("float32", "float32")
+
+
+@pytest.fixture(autouse=True)
+def every_stage_in_parallel(monkeypatch):
+    """The rules run a stage on the calling thread where it does too little for a thread to
+    be woken (``PARALLEL_MIN_ITERATIONS``): every stage of these small shapes would. Here
+    every stage that may run in parallel does, so that each knob set's parallel loops (their
+    races, their bounds) are what is built and checked; the ops tests build the small
+    shapes' serial stages."""
+    monkeypatch.setattr(common, "PARALLEL_MIN_ITERATIONS", 0)
 
 SHAPES = {
     "w7-prime": conv3d(1, 16, (3, 5, 7), 16, (3, 3, 3)),
@@ -59,6 +69,11 @@ SHAPES = {
     # A pointwise input gradient computed row by row (``Heuristic(rows=True)``): tiles of 12
     # (AVX-512) or 4 (AVX2) positions, channels that are not multiples of 16.
     "k111-w12-cin24-cout20": conv3d(2, 24, (2, 3, 12), 20, (1, 1, 1), pad=0),
+    # A patch embedding of 3 channels: the weight gradient folds H's and W's taps into the
+    # channels (``kernels.tap_fold``), the input gradient its 16 stride phases' lanes into
+    # 3 shared channel blocks (``dense_lanes``).
+    "patch4-cin3": kernels.Conv3d(2, 3, 20, (2, 8, 12), (1, 2, 3), (2, 4, 4), (2, 4, 4),
+                                  (0,) * 6, (1, 1, 1), 1),
     # A 1D layer's long row (its output row was one 1000-lane vector: minutes in LLVM).
     "1d-w1000-k5": kernels.Conv3d(1, 16, 16, (1, 1, 1000), (1, 1, 1000), (1, 1, 5), (1, 1, 1),
                                   (0, 0, 0, 0, 2, 2), (1, 1, 1), 1),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import conv3d
+from tbe_like.schedules import Heuristic, common
 from tbe_like.schedules.llvm import conv3d_backprop_filter as dw_rule
 
 from tbe_like import stages
@@ -100,6 +101,25 @@ def test_weight_gradient_few_channels_split_the_reduction():
     assert rf[0] == (tvm.tirx.ForKind.PARALLEL, 4)  # 4 chunks of the 4 * 2 (n, do) steps
     pad = blocks[stages.DW_FMAP_PAD]
     assert pad[:2] == rf[:2]  # under the task's (n, do) loop, not a pass of its own
+    pack = blocks["layout_in_grad_output"]
+    assert pack[:2] == rf[:2]  # dy too: the kernel wakes the thread pool once
+
+
+def test_stages_too_small_for_a_thread_run_on_the_calling_one():
+    """A 4x4 patch embedding's weight gradient (9.4 MFLOP): the reduction in parallel, with
+    x and dy packed inside its tasks; adding the partials and unpacking the 96x3x4x4 result
+    (fewer than ``PARALLEL_MIN_ITERATIONS`` elements each) on the calling thread. Right
+    results."""
+    conv = kernels.Conv3d(4, 3, 96, (1, 64, 64), (1, 16, 16), (1, 4, 4), (1, 4, 4), (0,) * 6,
+                          (1, 1, 1), 1)
+    graph, sch = _weight_sch(conv, False, Heuristic(16, split_k=True))
+    blocks = _blocks(sch)
+    assert blocks[stages.DW_MAD + "_rf_update"][0][0] == tvm.tirx.ForKind.PARALLEL
+    parallel = [name for name, loops in blocks.items()
+                if any(kind == tvm.tirx.ForKind.PARALLEL for kind, _ in loops)]
+    assert parallel == [stages.DW_MAD + "_rf_init", "layout_in_grad_output",
+                        stages.DW_FMAP_PAD, stages.DW_MAD + "_rf_update"], parallel
+    _check_weight_gradient(conv, graph, sch, seed=4)
 
 
 def test_weight_gradient_many_channels_split_the_channels():
@@ -128,7 +148,6 @@ def test_weight_gradient_of_few_positions_unpacks_in_steps(name, conv, in_steps,
     pass of its own over the whole fractal result); a larger map keeps the separate pass.
     Same values either way. Measured selection's ``Heuristic(whole=True)`` does the same up to
     ``WHOLE_STEPS`` positions (the 196-position map too)."""
-    from tbe_like.schedules import Heuristic
 
     graph = kernels.grad_weight(conv, F32, unpack_cells=True)
     sch = _scheduled(graph, None if whole is None else Heuristic(16, False, whole=True))
@@ -142,9 +161,10 @@ def test_weight_gradient_of_few_positions_unpacks_in_steps(name, conv, in_steps,
     _check_weight_gradient(conv, graph, sch, seed=6)
 
 
-def test_winograd_transform_packs_its_own_plane():
+def test_winograd_transform_packs_its_own_plane(monkeypatch):
     """The input gradient's dy transform packs the NCDHW plane of its (n, d) task itself (no
     pass over the whole dy), and writes each point's planes contiguously: (N, D, point, ...)."""
+    monkeypatch.setattr(common, "PARALLEL_MIN_ITERATIONS", 0)  # parallel, however small
     conv = conv3d(2, 32, (3, 6, 8), 32, (3, 3, 3))
     graph = kernels.grad_input(conv, F32, winograd=4)
     sch = _scheduled(graph)

@@ -88,6 +88,31 @@ def test_reductions_do_not_grow_with_the_stride(name):
         assert reductions == ["dx_mad"]  # a patch embedding is one GEMM
 
 
+@pytest.mark.parametrize("name, blocks", [("2d-k16", [48]), ("3d-k2", [2]),
+                                          ("2d-k3-s4-gaps", [2, 1]),
+                                          ("2d-k42-s42-groups3", [2, 2])])
+def test_folded_phases_share_channel_blocks(name, blocks):
+    """Few input channels: the folded phases' (lane, channel) pairs fill the channel blocks
+    of each reduction: a 16x16 patch of 3 channels 256 lanes x 3 = 48 blocks, not 256 blocks
+    with 3 of 16 lanes used each; 2x2x2 patches 8 x 3 = 24 channels, 2 blocks; a kernel with
+    gaps and padding 6 and 3 lanes of 4 channels; 3 groups of 2 channels merged into one
+    (the filter is zero across groups) 4 lanes x 6, in each of its two W groups."""
+    graph = kernels.grad_input(_conv(name), kernels.Precision("float32", "float32"))
+    mads = sorted((t for t in _stages(graph.output) if t.op.name.startswith("dx_mad")),
+                  key=lambda t: t.op.name)
+    assert [int(t.shape[2]) for t in mads] == blocks
+
+
+def _stages(tensor):
+    seen, stack = {}, [tensor]
+    while stack:
+        t = stack.pop()
+        if t.op.name not in seen:
+            seen[t.op.name] = t
+            stack.extend(getattr(t.op, "input_tensors", []))
+    return list(seen.values())
+
+
 AXES = list(itertools.product(range(1, 12), range(1, 6), range(1, 9), range(1, 4), range(4)))
 
 
@@ -145,14 +170,19 @@ def test_cuda_schedules_fold_the_phases_too(name, dtype, arch):
 
 # ----------------------------------------------------------------------------- few channels
 # The weight gradient of 1-4 input channels folds W's taps into the channels
-# (``kernels.width_fold``): (x NC + spatial, cout, kernel, stride, pad, dilation).
+# (``kernels.tap_fold``): (x NC + spatial, cout, kernel, stride, pad, dilation).
 STEMS = {
     "3d-video-stem-c3": ((2, 3, 4, 16, 18), 8, (3, 7, 7), (1, 2, 2), (1, 3, 3), (1, 1, 1)),
     "2d-stem-c1": ((2, 1, 21, 19), 8, (7, 7), (2, 2), (3, 3), (1, 1)),
     "2d-c4-k3-dil2": ((2, 4, 13, 15), 8, (3, 3), (1, 1), (2, 2), (2, 2)),
     "1d-c2-k5-s3": ((3, 2, 40), 8, (5,), (3,), (1,), (1,)),
     "3d-c3-k133-temporal-pad": ((1, 3, 6, 9, 10), 8, (3, 1, 3), (2, 1, 1), (1, 0, 1), (1, 1, 1)),
+    # H's taps folded too: each row read by one tap at most.
+    "2d-c3-patch4": ((2, 3, 16, 20), 8, (4, 4), (4, 4), (0, 0), (1, 1)),
+    "3d-c2-k233-s244-gaps-pad": ((1, 2, 4, 13, 11), 8, (2, 3, 3), (2, 4, 4), (0, 1, 1), (1, 1, 1)),
+    "2d-c1-k2-s3-dil2": ((2, 1, 14, 15), 8, (2, 2), (3, 3), (1, 1), (2, 2)),
 }
+FOLD_H = {"2d-c3-patch4", "3d-c2-k233-s244-gaps-pad", "2d-c1-k2-s3-dil2"}
 
 
 @pytest.mark.parametrize("name", list(STEMS))
@@ -168,10 +198,14 @@ def test_few_input_channels_fold_the_width(name):
                           (1,) * lead + k, (1,) * lead + s,
                           (0, 0) * lead + tuple(v for pp in p for v in (pp, pp)),
                           (1,) * lead + d, 1)
-    fold = kernels.width_fold(conv)
-    assert fold is not None and fold.taps == k[-1]
+    fold = kernels.tap_fold(conv)
+    assert fold is not None and fold.w.taps == k[-1]
     graph = kernels.grad_weight(conv, kernels.Precision("float32", "float32"))
-    assert graph.params.geometry.kernel[2] == 1  # the core has one W tap
+    core = graph.params.geometry.kernel
+    assert core[2] == 1  # the core has one W tap
+    assert (fold.h is not None) == (name in FOLD_H)
+    if fold.h is not None:  # and one H tap
+        assert fold.h.taps == conv.kernel[1] > 1 and core[1] == 1
     rng = np.random.default_rng(2)
     x = rng.standard_normal(x_shape).astype(np.float32)
     w = rng.standard_normal((cout, x_shape[1], *k)).astype(np.float32)
@@ -185,14 +219,28 @@ def test_few_input_channels_fold_the_width(name):
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
 
 
-def test_width_fold_is_only_taken_where_it_fills_more_lanes():
+def test_taps_are_folded_only_where_they_fill_more_lanes():
     def conv(cin, kw, groups=1):
         return kernels.Conv3d(1, cin, 8 * groups, (2, 5, 9), (2, 5, 9), (1, 1, kw),
                               (1, 1, 1), (0, 0, 0, 0, kw // 2, kw // 2), (1, 1, 1), groups)
 
-    assert kernels.width_fold(conv(3, 7)).taps == 7
-    assert kernels.width_fold(conv(4, 4)).taps == 4
-    assert kernels.width_fold(conv(3, 1)) is None  # nothing to fold
-    assert kernels.width_fold(conv(16, 3)) is None  # every lane already used
-    assert kernels.width_fold(conv(8, 3)) is None  # more than FOLD_MAX_CHANNELS
-    assert kernels.width_fold(conv(4, 3, groups=2)) is None
+    assert kernels.tap_fold(conv(3, 7)).taps == 7
+    assert kernels.tap_fold(conv(4, 4)).taps == 4
+    assert kernels.tap_fold(conv(3, 1)) is None  # nothing to fold
+    assert kernels.tap_fold(conv(16, 3)) is None  # every lane already used
+    assert kernels.tap_fold(conv(8, 3)) is None  # more than FOLD_MAX_CHANNELS
+    assert kernels.tap_fold(conv(4, 3, groups=2)) is None
+
+
+def test_height_is_folded_too_only_where_rows_are_not_read_twice():
+    def conv(cin, k, s, d=1):
+        out = (16 - d * (k - 1) - 1) // s + 1
+        return kernels.Conv3d(1, cin, 8, (2, 16, 16), (2, out, out), (1, k, k), (1, s, s),
+                              (0,) * 6, (1, d, d), 1)
+
+    assert kernels.tap_fold(conv(3, 4, 4)).h.taps == 4  # a patch: 12 -> 48 of 48 lanes
+    assert kernels.tap_fold(conv(3, 3, 4)).h.taps == 3  # gaps between patches
+    assert kernels.tap_fold(conv(3, 7, 2)).h is None  # a stem: rows read by 3-4 taps
+    assert kernels.tap_fold(conv(2, 2, 3, d=2)).h.taps == 2
+    assert kernels.tap_fold(conv(2, 2, 2, d=2)).h is None  # the second tap reads row o+2
+    assert kernels.tap_fold(conv(4, 4, 4)).h is None  # 16 of 16 lanes used already

@@ -301,8 +301,8 @@ def schedule(sch, p: BackpropInputParams, target,
         schedule_winograd_transform(sch, stages.DX_WINO_DY, p.geometry.c0, target, point=2)
     if stages.DX_DY_PAD in names:
         fuse_parallel_vectorize(sch, stages.DX_DY_PAD, 2, target)
-    for name in (stages.DX_FILTER_FLIP, stages.DX_WINO_FILTER):
-        if name in names:
+    for name in names:  # the flipped filter, a folded phase's lanes of it, the Winograd one
+        if name.startswith((stages.DX_FILTER_FLIP, stages.DX_WINO_FILTER)):
             _schedule_filter(sch, name, p.geometry.c0, target)
     for name in names:
         if name.startswith(stages.DX_MAD):

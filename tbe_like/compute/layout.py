@@ -94,24 +94,38 @@ def pack_6hd(t: te.Tensor, channels_last: bool, c0: int, dtype: str, convert: Co
 
 
 @dataclass(frozen=True)
-class WidthFold:
-    """Taps of W folded into the channels: channel ``ci*taps + j`` of the packed tensor at
-    column ``wo`` is channel ``ci`` of the array at column ``wo*stride + j*dilation - pad``
-    (zero outside the array). A weight gradient of few input channels (an RGB stem: 3 of 16
-    lanes used) then multiplies ``cin*taps`` real channels per vector instead of ``cin``."""
+class AxisFold:
+    """One spatial axis whose taps are folded into the channels: tap ``j`` at packed position
+    ``o`` reads the array at ``o*stride + j*dilation - pad``; ``out`` is the packed extent."""
 
     taps: int
     stride: int
     dilation: int
     pad: int
-    columns: int  # wo: the packed tensor's W
+    out: int
+
+
+@dataclass(frozen=True)
+class TapFold:
+    """Taps of W, and of H too where ``h`` is set, folded into the channels: channel
+    ``ci*taps + t`` of the packed tensor is channel ``ci`` of the array at tap ``t = b*w.taps +
+    c`` (row tap ``b``, column tap ``c``; zero outside the array). A weight gradient of few input
+    channels (an RGB stem: 3 of 16 lanes used) then multiplies ``cin*taps`` real channels per
+    vector instead of ``cin``."""
+
+    w: AxisFold
+    h: AxisFold | None = None
+
+    @property
+    def taps(self) -> int:
+        return self.w.taps * (self.h.taps if self.h is not None else 1)
 
 
 def pack_6hd_folded(t: te.Tensor, channels_last: bool, c0: int, dtype: str, convert: Convert,
-                    tensor: str, fold: WidthFold, extent: Sequence[int]) -> te.Tensor:
-    """``pack_6hd`` of ``t``'s W taps folded into its channels (:class:`WidthFold`):
-    ``(N, D, ceil(C*taps/C0), H, fold.columns, C0)``; ``extent``: the (D, H, W) rows of ``t``
-    the convolution reads (columns past W are its padding)."""
+                    tensor: str, fold: TapFold, extent: Sequence[int]) -> te.Tensor:
+    """``pack_6hd`` of ``t``'s taps folded into its channels (:class:`TapFold`):
+    ``(N, D, ceil(C*taps/C0), H or fold.h.out, fold.w.out, C0)``; ``extent``: the (D, H, W)
+    rows of ``t`` the convolution reads (rows and columns past them are its padding)."""
     if channels_last:
         n, c = int(t.shape[0]), int(t.shape[4])
     else:
@@ -119,17 +133,25 @@ def pack_6hd_folded(t: te.Tensor, channels_last: bool, c0: int, dtype: str, conv
     d, h, w = (int(e) for e in extent)
     folded = c * fold.taps
     zero = tirx.const(0, dtype)
+    fw, fh = fold.w, fold.h
 
     def body(nn, dd, cb, hh, wo, cc):
         ch = cb * c0 + cc
-        col = wo * fold.stride + ch % fold.taps * fold.dilation - fold.pad
+        tap = ch % fold.taps
+        col = wo * fw.stride + tap % fw.taps * fw.dilation - fw.pad
+        row = hh if fh is None else hh * fh.stride + tap // fw.taps * fh.dilation - fh.pad
         ci = tirx.min(ch // fold.taps, c - 1)
-        at = tirx.max(tirx.min(col, w - 1), 0)  # the read stays in the array; guarded below
-        read = t[nn, dd, hh, at, ci] if channels_last else t[nn, ci, dd, hh, at]
-        inside = tirx.all(ch < folded, col >= 0, col < w)
-        return tirx.if_then_else(inside, convert(read), zero)
+        # The reads stay in the array; what lies outside it is guarded below.
+        at = tirx.max(tirx.min(col, w - 1), 0)
+        line = row if fh is None else tirx.max(tirx.min(row, h - 1), 0)
+        read = t[nn, dd, line, at, ci] if channels_last else t[nn, ci, dd, line, at]
+        inside = [ch < folded, col >= 0, col < w]
+        if fh is not None:
+            inside += [row >= 0, row < h]
+        return tirx.if_then_else(tirx.all(*inside), convert(read), zero)
 
-    return te.compute((n, d, -(-folded // c0), h, fold.columns, c0), body,
+    rows = h if fh is None else fh.out
+    return te.compute((n, d, -(-folded // c0), rows, fw.out, c0), body,
                       name=_in_name(tensor), tag=stages.tag("layout", "pack_6hd_folded"))
 
 
