@@ -66,6 +66,8 @@ SHAPES = {
     "k111-cin40-cout24": conv3d(1, 40, (2, 3, 5), 24, (1, 1, 1), pad=0),
     "k111-groups2-stride2": conv3d(2, 32, (3, 5, 5), 48, (1, 1, 1), pad=0, stride=2,
                                    groups=2),
+    # Whole channel blocks, no groups: the input gradient reads the user's filter in place.
+    "k111-cin32-stride2": conv3d(1, 32, (2, 5, 7), 24, (1, 1, 1), pad=0, stride=2),
     # A pointwise input gradient computed row by row (``Heuristic(rows=True)``): tiles of 12
     # (AVX-512) or 4 (AVX2) positions, channels that are not multiples of 16.
     "k111-w12-cin24-cout20": conv3d(2, 24, (2, 3, 12), 20, (1, 1, 1), pad=0),

@@ -105,6 +105,29 @@ def test_weight_gradient_few_channels_split_the_reduction():
     assert pack[:2] == rf[:2]  # dy too: the kernel wakes the thread pool once
 
 
+@pytest.mark.parametrize("cin, in_place", [(32, True), (40, False)])
+def test_pointwise_input_gradient_reads_the_filter_in_place(cin, in_place):
+    """A 1x1x1 filter of whole channel blocks is read where it lies (no flipped or packed
+    copy); a partial last block keeps the copy. Right results either way."""
+    conv = conv3d(2, cin, (2, 5, 6), 48, (1, 1, 1), stride=2, pad=0)
+    graph = kernels.grad_input(conv, F32)
+    sch = _scheduled(graph)
+    copies = [n for n in _blocks(sch) if n == stages.DX_FILTER_FLIP or n == "layout_in_weight"]
+    assert (not copies) is in_place, copies
+    rng = np.random.default_rng(9)
+    dy, w = (rng.standard_normal([int(v) for v in t.shape]).astype("float32")
+             for t in graph.inputs)
+    dev = tvm.cpu()
+    out = tvm.runtime.tensor(np.zeros(conv.x_shape, "float32"), dev)
+    compile_checked(sch.mod, TWO_CORES)["main"](tvm.runtime.tensor(dy, dev),
+                                                 tvm.runtime.tensor(w, dev), out)
+    want = ref.convolution_backward(
+        dy.astype(np.float64), np.zeros(conv.x_shape), w.astype(np.float64), stride=[2, 2, 2],
+        padding=[0, 0, 0], dilation=[1, 1, 1], transposed=False, output_padding=[0, 0, 0],
+        groups=1, output_mask=(True, False, False))[0]
+    np.testing.assert_allclose(out.numpy(), want, rtol=0, atol=1e-4 * np.abs(want).max())
+
+
 def test_stages_too_small_for_a_thread_run_on_the_calling_one():
     """A 4x4 patch embedding's weight gradient (9.4 MFLOP): the reduction in parallel, with
     x and dy packed inside its tasks; adding the partials and unpacking the 96x3x4x4 result
