@@ -341,6 +341,10 @@ def _as_torch(a: np.ndarray):
     return torch.from_numpy(a)
 
 
+# What issue 25 asks of a call: at most 1.05x its kernel alone + 0.05 ms.
+CALL_BOUND = (1.05, 0.05)
+
+
 def _schedule_of(row: dict) -> str:
     """The table's schedule column: a shipped/stored record, or the heuristic that measured
     selection chose (``L16``: the 16-lane tiles; ``+K``: split K; ``+W``: the whole reduction in
@@ -351,12 +355,14 @@ def _schedule_of(row: dict) -> str:
     if not selection:
         return "rule"
     choice = selection["choice"]  # "Heuristic(lanes=16, split_k=True)": the fields set
-    if choice.startswith("direct"):  # the form without Winograd, the rule's own knobs
-        return "direct"
+    form, _, choice = choice.rpartition(": ")  # "direct: ...", "dot: ...": another form
+    if "lanes=" not in choice:  # a form's rule, its own knobs
+        return form or "rule"
     lanes = choice.split("lanes=")[1].split(",")[0].rstrip(")")
     cap = choice.split("accumulators=")[1].rstrip(")") if "accumulators=" in choice else "None"
-    return (f"L{lanes}" + ("" if cap == "None" else f"a{cap}")
-            + ("+K" if "split_k=True" in choice else "") + ("+W" if "whole=True" in choice else ""))
+    return ((f"{form}:" if form else "") + f"L{lanes}" + ("" if cap == "None" else f"a{cap}")
+            + ("+K" if "split_k=True" in choice else "") + ("+W" if "whole=True" in choice else "")
+            + ("+G" if "gemm=True" in choice else "") + ("+R" if "rows=True" in choice else ""))
 
 
 def host_description() -> dict:
@@ -571,12 +577,20 @@ def _main(args) -> int:
           f"(fma_peak; median {statistics.median(peaks):.0f} GFLOP/s, {min(peaks):.0f} to "
           f"{max(peaks):.0f} over the rows). Winograd kernels count the direct form's flops.")
     print("schedule: L8/L16 the 8- or 16-lane heuristic that measured selection chose (a8: at "
-          "most 8 accumulators, +K: split K, +W: whole reduction per tile), direct: the form "
-          "without Winograd, record: a stored tuning record, rule: the untimed rule; build s "
+          "most 8 accumulators, +K: split K, +W: whole reduction per tile, +G: GEMM tile, +R: "
+          "row by row), direct:/dot: of the form without Winograd / of dot products over "
+          "positions, record: a stored tuning record, rule: the untimed rule; build s "
           "includes the selection")
     slowest = sorted(rows, key=lambda r: -r["compile_s"])[:3]
     print("slowest first builds (selection included): " + ", ".join(
         f"{r['shape']} {r['gradient']} {r['compile_s']:.1f} s" for r in slowest))
+    over = [r for r in rows if max(r["tbe_like_ms"], r["tbe_like_torch_in_ms"])
+            > CALL_BOUND[0] * r["kernel_ms"] + CALL_BOUND[1]]
+    print(f"calls over {CALL_BOUND[0]}x their kernel + {CALL_BOUND[1]} ms (medians; NumPy or "
+          f"torch arrays): {len(over)} of {len(rows)}" + "".join(
+              f"\n  {r['shape']} {r['gradient']}: kernel {r['kernel_ms']:.3f} ms, calls "
+              f"{r['tbe_like_ms']:.3f} / {r['tbe_like_torch_in_ms']:.3f} ms"
+              for r in sorted(over, key=lambda r: -r["call_over_kernel"])[:5]))
     call_overhead = max(rows, key=lambda r: r["call_over_kernel"])
     print(f"largest call / kernel: {call_overhead['call_over_kernel']:.3f} "
           f"({call_overhead['shape']} {call_overhead['gradient']}: kernel "

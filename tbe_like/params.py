@@ -319,6 +319,20 @@ class BackpropFilterParams:
 
 
 FILTER_OP = "conv3d_backprop_filter"
+# The framework operators' weight gradient of a 1x1x1 convolution as dot products over the
+# positions of the user's arrays (``tbe_like.ops.kernels.grad_weight_dot``): a CPU form only.
+FILTER_DOT_OP = "conv3d_backprop_filter_dot"
+
+
+@dataclass(frozen=True)
+class DotFilterParams:
+    """The sizes of a dot-product weight gradient (``FILTER_DOT_OP``): ``dW[co, ci] = sum over
+    (n, p) of dy[n, co, p] * x[n, ci, p]`` over ``positions`` positions per sample."""
+
+    batch: int
+    cin: int
+    cout: int
+    positions: int
 FILTER_DEFAULTS = {
     "dilations": (1, 1, 1, 1, 1),
     "res_dtype": "float32",

@@ -17,6 +17,11 @@ DW_RES = "dw_res"  # the result in FRACTAL_Z_3D, cross-group and padded cells ze
 DW_WINO_X = "dw_wino_x"  # (N, Dp, Cin1, Hp, m+2, tiles, C0): BT of the padded x
 DW_WINO_DY = "dw_wino_dy"  # (G, N, Do, Ho, m+2, tiles, cout_g): A of dy
 
+# The weight gradient of a 1x1x1 convolution as dot products over positions (CPU kernels of
+# tbe_like.ops, ``kernels.grad_weight_dot``), on the user's NCDHW arrays
+DW_DOT_X = "dw_dot_x"  # x at the positions a strided layer reads, (N, Cin, Do*Ho*Wo)
+DW_DOT = "dw_dot"  # (Cout, Cin, 1, 1, 1) float32: sum over (n, position) of dy * x
+
 # conv3d_backprop_input (input gradient, also conv3d_transpose)
 DX_DY_DILATE = "dx_dy_dilate"  # dy with stride - 1 zeros between neighbours
 DX_DY_PAD = "dx_dy_pad"  # the dilated dy padded (or cropped) for a plain correlation

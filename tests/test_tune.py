@@ -259,7 +259,7 @@ def test_measured_selection_races_the_direct_form_too(measuring, monkeypatch, ki
     """A Winograd kernel's build times the form without Winograd as well; the record is
     stored under the winner's own workload, and the next build replays that form, computing
     the same gradient."""
-    from tbe_like.ops.convolution_backward import _direct_form
+    from tbe_like.ops.convolution_backward import _other_forms
 
     target = host_target()
     conv = kernels.Conv3d(1, 16, 16, (2, 4, 7), (2, 4, 7), (3, 3, 3), (1, 1, 1), (1,) * 6,
@@ -267,9 +267,9 @@ def test_measured_selection_races_the_direct_form_too(measuring, monkeypatch, ki
     prec = kernels.Precision("float32", "float32")
     graph = graph_of(kind, conv, prec, target=target)
     assert kernels.uses_winograd(graph)
-    forms = _direct_form(graph, kind, conv, prec, False)
+    forms = _other_forms(graph, kind, conv, prec, False, target)
     assert list(forms) == ["direct"] and not kernels.uses_winograd(forms["direct"])
-    assert _direct_form(forms["direct"], kind, conv, prec, False) == {}
+    assert _other_forms(forms["direct"], kind, conv, prec, False, target) == {}
     first = kernels.build(graph, target, measuring / "k1", "first", graph.op, {},
                           alternatives=forms)
     times = first.metadata["para_dict"]["selection"]["times_ms"]

@@ -1,3 +1,7 @@
 """LLVM (CPU) schedule rules."""
 
-from . import conv3d_backprop_filter, conv3d_backprop_input  # noqa: F401  (registers the rules)
+from . import (  # noqa: F401  (registers the rules)
+    conv3d_backprop_filter,
+    conv3d_backprop_filter_dot,
+    conv3d_backprop_input,
+)

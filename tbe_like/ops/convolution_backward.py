@@ -255,14 +255,24 @@ def graph_of(kind: str, conv: kernels.Conv3d, prec: kernels.Precision,
     return kernels.grad_weight(conv, prec, winograd=winograd, unpack_cells=cells)
 
 
-def _direct_form(graph: kernels.Graph, kind: str, conv: kernels.Conv3d,
-                 prec: kernels.Precision, transposed: bool) -> dict[str, kernels.Graph]:
-    """The kernel without Winograd, as an alternative for measured selection, where ``graph``
-    uses Winograd: its transforms pay on long rows and lost on short ones (a 7x7 map's
-    weight gradient ran at 129 GFLOP/s with F(4,3), 164 direct, on Zen 4)."""
-    if not kernels.uses_winograd(graph):
-        return {}
-    return {"direct": graph_of(kind, conv, prec, transposed, None)}
+def _other_forms(graph: kernels.Graph, kind: str, conv: kernels.Conv3d,
+                 prec: kernels.Precision, transposed: bool, target: Target
+                 ) -> dict[str, kernels.Graph]:
+    """Other forms of a CPU kernel, as alternatives for measured selection: the kernel without
+    Winograd where ``graph`` uses it (its transforms pay on long rows and lost on short ones:
+    a 7x7 map's weight gradient ran at 129 GFLOP/s with F(4,3), 164 direct, on Zen 4), and a
+    small 1x1x1 layer's weight gradient as dot products over positions
+    (``kernels.grad_weight_dot``: 3D U-Net's 64 -> 3 output layer 112 -> 10 us, X3D's strided
+    96 -> 192 shortcut 203 -> 118 us; it lost on others, hence the race)."""
+    forms = {}
+    if kernels.uses_winograd(graph):
+        forms["direct"] = graph_of(kind, conv, prec, transposed, None)
+    if (kind == "grad_weight" and str(target.kind.name) == "llvm"
+            and kernels.dot_applies(conv)):
+        names = ("grad_output", "input", "grad_weight") if transposed else (
+            "input", "grad_output", "grad_weight")
+        forms["dot"] = kernels.grad_weight_dot(conv, prec, names)
+    return forms
 
 
 def _result_shape(kind: str, conv: kernels.Conv3d) -> tuple[int, ...]:
@@ -281,7 +291,7 @@ def _cached(cache: KernelCache, kind: str, conv: kernels.Conv3d, prec: kernels.P
         graph = graph_of(kind, conv, prec, transposed, target)
         kernels.build(graph, target, output_dir, kernel_name, OP,
                       {"kernel": kind, **fields["conv"], **fields["precision"]},
-                      alternatives=_direct_form(graph, kind, conv, prec, transposed))
+                      alternatives=_other_forms(graph, kind, conv, prec, transposed, target))
 
     return cache.get(OP, fields, target, build)
 

@@ -30,11 +30,13 @@ from ..compute.conv3d_backprop_input import conv3d_forward, result_periods
 from ..groups import GroupInfo, group_info
 from ..kernel import Kernel, TensorSpec, export_kernel
 from ..params import (
+    FILTER_DOT_OP,
     FILTER_OP,
     INPUT_OP,
     BackpropFilterParams,
     BackpropInputParams,
     ConvGeometry,
+    DotFilterParams,
 )
 
 C0 = 16
@@ -282,6 +284,80 @@ def grad_weight(conv: Conv3d, prec: Precision, names=("input", "grad_output", "g
     return Graph(FILTER_OP, p, [x, dy], out, [in_layout, in_layout, layout], flops=flops)
 
 
+# Bytes of x and dy (float32, at the positions a layer reads) up to which the weight gradient of
+# a 1x1x1 layer is also built as dot products over positions (``grad_weight_dot``): every tile
+# of (output, input) channels reads its rows of both, so they must stay in cache.
+DOT_MAX_BYTES = 2 << 20
+
+
+# ... and whose positions per sample are whole vectors of either width (a 7x7x2 map's 98, in
+# vectors of 16 and a predicated tail, took 7x the packed form's time).
+DOT_LANES = 16
+
+
+def dot_applies(conv: Conv3d) -> bool:
+    """Whether ``grad_weight_dot`` builds ``conv``'s weight gradient: a 1x1x1 kernel without
+    groups or padding, whole vectors of positions (``DOT_LANES``), operands that fit
+    ``DOT_MAX_BYTES``."""
+    positions = math.prod(conv.out_spatial)
+    touched = 4 * conv.batch * (conv.cin + conv.cout) * positions
+    return (conv.kernel == (1, 1, 1) and conv.groups == 1 and not any(conv.pads)
+            and positions % DOT_LANES == 0 and touched <= DOT_MAX_BYTES)
+
+
+def grad_weight_dot(conv: Conv3d, prec: Precision,
+                    names=("input", "grad_output", "grad_weight"), x_spatial=None) -> Graph:
+    """dW of a 1x1x1 ``conv`` (:func:`dot_applies`) as dot products over positions, on the
+    user's NCDHW arrays: ``dW[co, ci] = sum over (n, p) of dy[n, co, p] * x[n, ci, p]``.
+
+    Both operands hold the positions contiguously (x's strided ones gathered first,
+    ``stages.DW_DOT_X``), so a register tile of channels x channels multiplies vectors of
+    positions, with no packed copy of either array and no unpacking of the result: a small
+    layer's packing and unpacking stages took more than its multiply-adds.
+    """
+    x_shape = conv.x_shape if x_spatial is None else (*conv.x_shape[:2], *x_spatial)
+    x = _placeholder(x_shape, names[0], prec.dtype)
+    dy = _placeholder(conv.y_shape, names[1], prec.dtype)
+    convert = prec.convert()
+    do, ho, wo = conv.out_spatial
+    positions = do * ho * wo
+    sd, sh, sw = conv.strides
+
+    def at(p):
+        return p // (ho * wo), p // wo % ho, p % wo
+
+    if conv.strides == (1, 1, 1) and tuple(x_shape[2:]) == tuple(conv.out_spatial):
+        def x_at(n, ci, p):
+            return x[(n, ci, *at(p))]
+    else:
+        def gathered(n, ci, p):
+            d, h, w = at(p)
+            return x[n, ci, d * sd, h * sh, w * sw]
+
+        xs = te.compute((conv.batch, conv.cin, positions), gathered, name=stages.DW_DOT_X,
+                        tag=stages.tag(FILTER_DOT_OP, "gather"))
+
+        def x_at(n, ci, p):
+            return xs[n, ci, p]
+
+    rn = te.reduce_axis((0, conv.batch), name="n")
+    rp = te.reduce_axis((0, positions), name="p")
+
+    def body(co, ci, a, b, c):
+        left = convert(dy[(rn, co, *at(rp))]).astype(ACC_DTYPE)
+        right = convert(x_at(rn, ci, rp)).astype(ACC_DTYPE)
+        return te.sum(left * right, axis=[rn, rp])
+
+    shape = (conv.cout, conv.cin, 1, 1, 1)
+    acc = te.compute(shape, body, name=stages.DW_DOT, tag=stages.tag(FILTER_DOT_OP, "dot"))
+    out = acc
+    if prec.dtype != ACC_DTYPE:
+        out = te.compute(shape, lambda *i: acc[i].astype(prec.dtype), name=stages.DW_DOT + "_cast",
+                         tag=stages.tag(FILTER_DOT_OP, "cast"))
+    p = DotFilterParams(conv.batch, conv.cin, conv.cout, positions)
+    return Graph(FILTER_DOT_OP, p, [x, dy], out, ["NCDHW", "NCDHW", "NCDHW"], flops=conv.flops())
+
+
 def live_taps(conv: Conv3d) -> tuple[tuple[int, int, int], Conv3d] | None:
     """The taps that read some input, as ``(first live tap per axis, the convolution of the
     live taps alone)``, or None when every tap is live.
@@ -428,6 +504,8 @@ def alternative_candidates(graph: Graph, target: Target) -> list:
     width candidates are left to the kernel's own form: each costs a compile."""
     from ..schedules import candidates
 
+    if graph.op == FILTER_DOT_OP:  # a form of its own: both widths' tiles
+        return candidates(graph.op, target)
     return [None, *(k for k in candidates(graph.op, target) if getattr(k, "gemm", None))]
 
 

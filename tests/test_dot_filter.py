@@ -1,0 +1,100 @@
+"""The weight gradient of a small 1x1x1 layer as dot products over positions
+(``kernels.grad_weight_dot``, ``schedules.llvm.conv3d_backprop_filter_dot``): a form that
+measured selection races against the packed one. Both vector widths' tiles, strides, every
+dtype and the transposed operator, against NumPy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import NP_DTYPES, RTOL, conv3d
+from tbe_like.schedules import Heuristic
+from tbe_like.schedules.common import HEURISTIC_LANES
+
+from tbe_like import ops
+from tbe_like._tvm import IRModule, s_tir, tvm
+from tbe_like.bounds import compile_checked
+from tbe_like.ops import kernels
+from tbe_like.ops.convolution_backward import _other_forms, graph_of
+from tbe_like.target import host_target
+from tbe_like.testing import reference as ref
+
+TARGET = host_target()
+CASES = {  # (conv, dtype)
+    "stride1-c20-c12": (conv3d(2, 20, (2, 4, 8), 12, (1, 1, 1), pad=0), "float32"),
+    "stride2-c16-c24": (conv3d(1, 16, (4, 8, 16), 24, (1, 1, 1), stride=2, pad=0), "float32"),
+    "stride122-c7-c3-float16": (kernels.Conv3d(1, 7, 3, (2, 9, 15), (2, 5, 8), (1, 1, 1),
+                                               (1, 2, 2), (0,) * 6, (1, 1, 1), 1), "float16"),
+    "stride1-c8-c8-bfloat16": (conv3d(1, 8, (1, 4, 4), 8, (1, 1, 1), pad=0), "bfloat16"),
+}
+
+
+def _weight_gradient(conv, x, dy):
+    _, dw, _ = ref.convolution_backward(
+        dy.astype(np.float64), x.astype(np.float64), np.zeros(conv.w_shape),
+        stride=list(conv.strides), padding=[0, 0, 0], dilation=[1, 1, 1], transposed=False,
+        output_padding=[0, 0, 0], groups=1, output_mask=(False, True, False))
+    return dw
+
+
+@pytest.mark.parametrize("lanes", HEURISTIC_LANES)
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_tile_matches_reference(name, lanes):
+    conv, dtype = CASES[name]
+    assert kernels.dot_applies(conv)
+    prec = kernels.Precision.on(TARGET, dtype, dtype)
+    graph = kernels.grad_weight_dot(conv, prec)
+    sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})), graph,
+                           TARGET, Heuristic(lanes))
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(conv.x_shape).astype(NP_DTYPES[dtype])
+    dy = rng.standard_normal(conv.y_shape).astype(NP_DTYPES[dtype])
+    dev = tvm.cpu()
+    out = tvm.runtime.tensor(np.zeros(conv.w_shape, NP_DTYPES[dtype]), dev)
+    compile_checked(sch.mod, TARGET)["main"](tvm.runtime.tensor(x, dev),
+                                            tvm.runtime.tensor(dy, dev), out)
+    want = _weight_gradient(conv, x, dy)
+    got = out.numpy().astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=0, atol=RTOL[dtype] * np.abs(want).max())
+
+
+def test_only_small_pointwise_layers_have_the_form():
+    prec = kernels.Precision("float32", "float32")
+    pointwise = conv3d(1, 16, (4, 8, 16), 24, (1, 1, 1), stride=2, pad=0)
+    forms = _other_forms(graph_of("grad_weight", pointwise, prec, target=TARGET),
+                         "grad_weight", pointwise, prec, False, TARGET)
+    assert list(forms) == ["dot"]
+    for conv in (conv3d(1, 16, (4, 8, 16), 24, (3, 3, 3)),  # taps
+                 conv3d(1, 16, (4, 8, 16), 24, (1, 1, 1), pad=1),  # padding
+                 conv3d(1, 16, (2, 7, 7), 24, (1, 1, 1), pad=0),  # 98 positions
+                 conv3d(1, 16, (4, 8, 16), 32, (1, 1, 1), pad=0, groups=2),
+                 conv3d(4, 256, (16, 16, 16), 256, (1, 1, 1), pad=0)):  # 64 MiB of operands
+        assert not kernels.dot_applies(conv)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_the_operator_races_it_and_computes_the_same(transposed, tmp_path, monkeypatch):
+    """Through ``convolution_backward`` from an empty cache: the selection timed the dot form,
+    and whichever won, the weight gradient equals NumPy's."""
+    monkeypatch.setenv("TBE_LIKE_MEASURE", "1")  # (the test run's default is off)
+    monkeypatch.setenv("TBE_LIKE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("TBE_LIKE_RECORDS", str(tmp_path / "no-user-records"))
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 24, 4, 8, 8)).astype(np.float32)
+    w = rng.standard_normal((24, 16, 1, 1, 1) if transposed else (16, 24, 1, 1, 1)).astype(
+        np.float32)
+    out = (2, 16, 4, 8, 8)
+    dy = rng.standard_normal(out).astype(np.float32)
+    kw = dict(bias_sizes=None, stride=1, padding=0, dilation=1, transposed=transposed,
+              output_padding=0, groups=1, output_mask=(False, True, False))
+    executor = ops.prepare_convolution_backward(dy, x, w, **kw)
+    kernel = executor.kernels["grad_weight"]
+    times = kernel.metadata["para_dict"]["selection"]["times_ms"]
+    assert any(name.startswith("dot: ") for name in times), times
+    got = executor(dy, x, w)[1]
+    want = ref.convolution_backward(dy.astype(np.float64), x.astype(np.float64),
+                                    w.astype(np.float64), stride=[1] * 3, padding=[0] * 3,
+                                    dilation=[1] * 3, transposed=transposed,
+                                    output_padding=[0] * 3, groups=1,
+                                    output_mask=(False, True, False))[1]
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
