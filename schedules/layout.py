@@ -65,8 +65,8 @@ def schedule_layout_stages(sch, target, row_periods=None, filter_c0: int | None 
             block = sch.get_sblock(name)
             consumers = sch.get_consumers(block)
             if _placed(sch, block):
-                pass  # the rule computes it inside its consumer's tasks
-            elif consumers and (all(ROWS_TILE in sch.get(c).annotations for c in consumers)
+                continue  # the rule computes it inside its consumer's tasks
+            if consumers and (all(ROWS_TILE in sch.get(c).annotations for c in consumers)
                               or not any(_is_reduction(sch, c) or _is_winograd(sch, c)
                                          for c in consumers)):
                 # (A reduction computed row by row reads the user's array: see ROWS_TILE.)

@@ -19,6 +19,7 @@ import math
 import os
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -112,13 +113,61 @@ def _records_lock(folder: str | os.PathLike, shared: bool = False):
     return file_lock(folder / RECORDS_LOCK, shared=shared)
 
 
+# Databases this process opened, by folder: (the files' sizes and times then, the database).
+# Opening one parses every workload it holds (about 2-8 ms each here), and a build looks records
+# up several times (each form, then the selection's write): building a 126-layer network from
+# an empty cache, a small kernel's first build grew from 0.7 s to 8-12 s. A folder whose files
+# are as this process last saw them (read, or written by itself) is not parsed again.
+_DATABASES: dict[str, tuple[tuple, Any]] = {}
+_DATABASES_MAX = 8
+_DATABASES_LOCK = threading.Lock()
+
+
+def _files_state(folder: Path) -> tuple:
+    """The sizes and modification times of a records folder's files (None where absent)."""
+    state = []
+    for name in RECORD_FILES:
+        try:
+            st = (folder / name).stat()
+        except FileNotFoundError:
+            state.append(None)
+        else:
+            state.append((st.st_size, st.st_mtime_ns))
+    return tuple(state)
+
+
+def _database(folder: str | os.PathLike, create: bool = False):
+    """The JSON database of ``folder`` (its lock held by the caller), parsed once while its
+    files stay as this process last saw them (:data:`_DATABASES`)."""
+    folder = Path(folder)
+    key = str(folder.resolve())
+    state = _files_state(folder)
+    with _DATABASES_LOCK:
+        cached = _DATABASES.get(key)
+        if cached is not None and cached[0] == state:
+            return cached[1]
+    db = _ms().database.JSONDatabase(work_dir=str(folder), allow_missing=create)
+    _remember(folder, db)
+    return db
+
+
+def _remember(folder: Path, db) -> None:
+    """Note ``db`` as ``folder``'s database in the state its files are in now (after this
+    process read or wrote them)."""
+    with _DATABASES_LOCK:
+        _DATABASES.pop(str(folder.resolve()), None)
+        while len(_DATABASES) >= _DATABASES_MAX:
+            _DATABASES.pop(next(iter(_DATABASES)))
+        _DATABASES[str(folder.resolve())] = (_files_state(folder), db)
+
+
 def _open_records(folder: str | os.PathLike, locked: bool = False):
     """The records database in ``folder``, or ``None`` when it holds none (``locked``: the
     caller holds the folder's lock already)."""
     if not (Path(folder) / RECORD_FILES[1]).is_file():
         return None
     with contextlib.nullcontext() if locked else _records_lock(folder, shared=True):
-        return _ms().database.JSONDatabase(work_dir=str(folder), allow_missing=False)
+        return _database(folder)
 
 
 def _best_record(db, mod: IRModule, target: Target):
@@ -323,11 +372,12 @@ def _append_record(records: str | os.PathLike, record, mod: IRModule, run_secs=N
     _GENERATION[0] += 1
     ms = _ms()
     Path(records).mkdir(parents=True, exist_ok=True)
-    db = ms.database.JSONDatabase(work_dir=str(records))
+    db = _database(records, create=True)
     db.commit_tuning_record(ms.database.TuningRecord(
         record.trace, db.commit_workload(mod),
         record.run_secs if run_secs is None else run_secs,
         record.target if target is None else target, record.args_info))
+    _remember(Path(records), db)  # what it appended, it holds in memory too
 
 
 def replace_record(records: str | os.PathLike, mod: IRModule, target: Target, record=None,

@@ -152,6 +152,39 @@ def _record_of_template(graph, target, records, run_ms=1.0):
     return func
 
 
+def test_a_records_folder_is_parsed_again_only_after_another_process_wrote_it(tmp_path):
+    """Opening a records database parses every workload in it: a build looks records up
+    several times, so a folder is parsed once while its files stay as this process last saw
+    them (read, or written by itself); a record another process appends is then seen."""
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    from tbe_like import tune
+
+    f32 = kernels.Precision("float32", "float32")
+    target = host_target()
+    records = tmp_path / "records"
+    _record_of_template(graph_of("grad_weight", CONV, f32), target, records)
+    first = tune._open_records(records)
+    assert tune._open_records(records) is first and len(first.get_all_tuning_records()) == 1
+    # Another process appends a record, through a database of its own.
+    graph = graph_of("grad_input", CONV, f32)
+    func = kernels.prim_func(graph)
+    mod = tune.workload(func)
+    sch = kernels.schedule(s_tir.Schedule(mod), graph, target)
+    theirs = ms.database.JSONDatabase(work_dir=str(records))
+    theirs.commit_tuning_record(ms.database.TuningRecord(
+        sch.trace, theirs.commit_workload(mod), [1e-3], target, ArgInfo.from_prim_func(func)))
+    seen = tune._open_records(records)
+    assert seen is not first and len(seen.get_all_tuning_records()) == 2
+    assert tune._best_record(seen, mod, target) is not None
+    # This process's own write keeps the parsed database, the new record in it.
+    _record_of_template(graph_of("grad_weight", CONV, f32), target, records, run_ms=0.5)
+    mine = tune._open_records(records)
+    assert mine is seen and tune._open_records(records) is mine
+    assert len(mine.get_all_tuning_records()) == 3
+
+
 def test_records_apply_only_to_their_target(tmp_path, monkeypatch):
     """MetaSchedule's query matches the workload alone: a CPU record of a stride-2 weight
     gradient (the same PrimFunc for CUDA) was replayed into CUDA builds, which then failed."""
