@@ -333,6 +333,8 @@ class DotFilterParams:
     cin: int
     cout: int
     positions: int
+
+
 FILTER_DEFAULTS = {
     "dilations": (1, 1, 1, 1, 1),
     "res_dtype": "float32",

@@ -21,6 +21,7 @@ DW_WINO_DY = "dw_wino_dy"  # (G, N, Do, Ho, m+2, tiles, cout_g): A of dy
 # tbe_like.ops, ``kernels.grad_weight_dot``), on the user's NCDHW arrays
 DW_DOT_X = "dw_dot_x"  # x at the positions a strided layer reads, (N, Cin, Do*Ho*Wo)
 DW_DOT = "dw_dot"  # (Cout, Cin, 1, 1, 1) float32: sum over (n, position) of dy * x
+DW_DOT_CAST = "dw_dot_cast"  # the result in the arrays' dtype, where that is not float32
 
 # conv3d_backprop_input (input gradient, also conv3d_transpose)
 DX_DY_DILATE = "dx_dy_dilate"  # dy with stride - 1 zeros between neighbours

@@ -25,9 +25,8 @@ from tbe_like.target import vector_lanes
 
 from ..common import HEURISTIC_LANES, Heuristic, block_names, divisors, parallel, vectorize
 from ..registry import register
+from .conv3d_backprop_filter import REGISTERS  # vector registers by fp32 lanes per register
 
-# Vector registers by fp32 lanes per register (AVX-512: 32 zmm; AVX2: 16 ymm).
-REGISTERS = {16: 32, 8: 16}
 # Channels per side of a register tile, at most.
 TILE_SIDE = 4
 
@@ -76,7 +75,6 @@ def schedule(sch, p: DotFilterParams, target, knobs: Heuristic | None = None):
     sch.vectorize(sch.get_loops(init)[-1])
     # The lanes added and the cells written by the task that summed them (in cache).
     sch.reverse_compute_at(dot, task)
-    cast = stages.DW_DOT + "_cast"
-    if cast in names:
-        sch.reverse_compute_at(sch.get_sblock(cast), task)
+    if stages.DW_DOT_CAST in names:
+        sch.reverse_compute_at(sch.get_sblock(stages.DW_DOT_CAST), task)
     return sch

@@ -288,8 +288,6 @@ def grad_weight(conv: Conv3d, prec: Precision, names=("input", "grad_output", "g
 # a 1x1x1 layer is also built as dot products over positions (``grad_weight_dot``): every tile
 # of (output, input) channels reads its rows of both, so they must stay in cache.
 DOT_MAX_BYTES = 2 << 20
-
-
 # ... and whose positions per sample are whole vectors of either width (a 7x7x2 map's 98, in
 # vectors of 16 and a predicated tail, took 7x the packed form's time).
 DOT_LANES = 16
@@ -306,7 +304,7 @@ def dot_applies(conv: Conv3d) -> bool:
 
 
 def grad_weight_dot(conv: Conv3d, prec: Precision,
-                    names=("input", "grad_output", "grad_weight"), x_spatial=None) -> Graph:
+                    names=("input", "grad_output", "grad_weight")) -> Graph:
     """dW of a 1x1x1 ``conv`` (:func:`dot_applies`) as dot products over positions, on the
     user's NCDHW arrays: ``dW[co, ci] = sum over (n, p) of dy[n, co, p] * x[n, ci, p]``.
 
@@ -315,8 +313,7 @@ def grad_weight_dot(conv: Conv3d, prec: Precision,
     positions, with no packed copy of either array and no unpacking of the result: a small
     layer's packing and unpacking stages took more than its multiply-adds.
     """
-    x_shape = conv.x_shape if x_spatial is None else (*conv.x_shape[:2], *x_spatial)
-    x = _placeholder(x_shape, names[0], prec.dtype)
+    x = _placeholder(conv.x_shape, names[0], prec.dtype)
     dy = _placeholder(conv.y_shape, names[1], prec.dtype)
     convert = prec.convert()
     do, ho, wo = conv.out_spatial
@@ -326,7 +323,7 @@ def grad_weight_dot(conv: Conv3d, prec: Precision,
     def at(p):
         return p // (ho * wo), p // wo % ho, p % wo
 
-    if conv.strides == (1, 1, 1) and tuple(x_shape[2:]) == tuple(conv.out_spatial):
+    if conv.strides == (1, 1, 1) and tuple(conv.in_spatial) == tuple(conv.out_spatial):
         def x_at(n, ci, p):
             return x[(n, ci, *at(p))]
     else:
@@ -352,7 +349,7 @@ def grad_weight_dot(conv: Conv3d, prec: Precision,
     acc = te.compute(shape, body, name=stages.DW_DOT, tag=stages.tag(FILTER_DOT_OP, "dot"))
     out = acc
     if prec.dtype != ACC_DTYPE:
-        out = te.compute(shape, lambda *i: acc[i].astype(prec.dtype), name=stages.DW_DOT + "_cast",
+        out = te.compute(shape, lambda *i: acc[i].astype(prec.dtype), name=stages.DW_DOT_CAST,
                          tag=stages.tag(FILTER_DOT_OP, "cast"))
     p = DotFilterParams(conv.batch, conv.cin, conv.cout, positions)
     return Graph(FILTER_DOT_OP, p, [x, dy], out, ["NCDHW", "NCDHW", "NCDHW"], flops=conv.flops())
