@@ -335,6 +335,25 @@ class DotFilterParams:
     positions: int
 
 
+# The framework operators' weight gradient of a layer of few input channels as dot products
+# along output rows, one per tap (``tbe_like.ops.kernels.grad_weight_rows``): a CPU form only.
+FILTER_ROWS_OP = "conv3d_backprop_filter_rows"
+
+
+@dataclass(frozen=True)
+class RowsFilterParams:
+    """The sizes of a row-dot weight gradient (``FILTER_ROWS_OP``): ``dW[co, ci, kd, kh, kw]``
+    summed over (n, do, ho) of a dot product of dy's row with x's row at the tap, rows of
+    ``row`` columns (Wo up to whole vectors)."""
+
+    batch: int
+    cin: int
+    cout: int
+    out_spatial: tuple[int, int, int]
+    kernel: tuple[int, int, int]
+    row: int
+
+
 FILTER_DEFAULTS = {
     "dilations": (1, 1, 1, 1, 1),
     "res_dtype": "float32",

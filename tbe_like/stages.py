@@ -22,6 +22,12 @@ DW_WINO_DY = "dw_wino_dy"  # (G, N, Do, Ho, m+2, tiles, cout_g): A of dy
 DW_DOT_X = "dw_dot_x"  # x at the positions a strided layer reads, (N, Cin, Do*Ho*Wo)
 DW_DOT = "dw_dot"  # (Cout, Cin, 1, 1, 1) float32: sum over (n, position) of dy * x
 DW_DOT_CAST = "dw_dot_cast"  # the result in the arrays' dtype, where that is not float32
+# The weight gradient of a layer of few input channels as dot products along output rows, one
+# per tap (CPU kernels of tbe_like.ops, ``kernels.grad_weight_rows``)
+DW_ROWS_X = "dw_rows_x"  # x zero-padded, W split by stride phase: (N, Cin, Dp, Hp, phases, Wq)
+DW_ROWS_DY = "dw_rows_dy"  # dy's rows zero-padded to whole vectors, where Wo is not
+DW_ROWS = "dw_rows"  # (Cout, Cin, kd, kh, kw) float32: sum over (n, do, ho, wo) of dy * x
+DW_ROWS_CAST = "dw_rows_cast"  # the result in the arrays' dtype, where that is not float32
 
 # conv3d_backprop_input (input gradient, also conv3d_transpose)
 DX_DY_DILATE = "dx_dy_dilate"  # dy with stride - 1 zeros between neighbours

@@ -190,6 +190,12 @@ def vector_lanes(target: Target, bits: int = 32) -> int:
     return 1
 
 
+def vector_registers(target: Target) -> int:
+    """How many vector registers an LLVM target has: 32 with AVX-512 (of every width, ymm
+    and xmm too), else 16."""
+    return 32 if "avx512f" in cpu_features(target) else 16
+
+
 @functools.lru_cache(maxsize=1)
 def host_cpu_flags() -> frozenset[str]:
     """The feature flags of this machine's CPU as the kernel reports them (Linux)."""

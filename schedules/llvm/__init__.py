@@ -3,5 +3,6 @@
 from . import (  # noqa: F401  (registers the rules)
     conv3d_backprop_filter,
     conv3d_backprop_filter_dot,
+    conv3d_backprop_filter_rows,
     conv3d_backprop_input,
 )

@@ -263,16 +263,27 @@ def _other_forms(graph: kernels.Graph, kind: str, conv: kernels.Conv3d,
     a 7x7 map's weight gradient ran at 129 GFLOP/s with F(4,3), 164 direct, on Zen 4), and a
     small 1x1x1 layer's weight gradient as dot products over positions
     (``kernels.grad_weight_dot``: 3D U-Net's 64 -> 3 output layer 112 -> 10 us, X3D's strided
-    96 -> 192 shortcut 203 -> 118 us; it lost on others, hence the race)."""
+    96 -> 192 shortcut 203 -> 118 us; it lost on others, hence the race), and the weight
+    gradient of a layer of 1-4 input channels as dot products along rows, one per tap
+    (``kernels.grad_weight_rows``: SlowFast's fast stem 10.6 -> 3.9 ms, X3D's 7.2 -> 4.4 ms,
+    Zen 4)."""
     forms = {}
     if kernels.uses_winograd(graph):
         forms["direct"] = graph_of(kind, conv, prec, transposed, None)
     if (kind == "grad_weight" and str(target.kind.name) == "llvm"
             and kernels.dot_applies(conv)):
-        names = ("grad_output", "input", "grad_weight") if transposed else (
-            "input", "grad_output", "grad_weight")
-        forms["dot"] = kernels.grad_weight_dot(conv, prec, names)
+        forms["dot"] = kernels.grad_weight_dot(conv, prec, _weight_names(transposed))
+    if (kind == "grad_weight" and str(target.kind.name) == "llvm"
+            and kernels.rows_applies(conv)):
+        forms["rows"] = kernels.grad_weight_rows(conv, prec, _weight_names(transposed))
     return forms
+
+
+def _weight_names(transposed: bool) -> tuple[str, str, str]:
+    """The argument names of a weight gradient's kernel: its x is the user's grad_output
+    where the convolution is transposed."""
+    return ("grad_output", "input", "grad_weight") if transposed else (
+        "input", "grad_output", "grad_weight")
 
 
 def _result_shape(kind: str, conv: kernels.Conv3d) -> tuple[int, ...]:

@@ -32,11 +32,13 @@ from ..kernel import Kernel, TensorSpec, export_kernel
 from ..params import (
     FILTER_DOT_OP,
     FILTER_OP,
+    FILTER_ROWS_OP,
     INPUT_OP,
     BackpropFilterParams,
     BackpropInputParams,
     ConvGeometry,
     DotFilterParams,
+    RowsFilterParams,
 )
 
 C0 = 16
@@ -355,6 +357,93 @@ def grad_weight_dot(conv: Conv3d, prec: Precision,
     return Graph(FILTER_DOT_OP, p, [x, dy], out, ["NCDHW", "NCDHW", "NCDHW"], flops=conv.flops())
 
 
+# Input channels up to which the weight gradient is also built as dot products along rows
+# (``grad_weight_rows``): its register tile holds every tap of a kernel row for a few output
+# channels, so x's few channels are never padded to a vector of channels.
+ROWS_MAX_CHANNELS = FOLD_MAX_CHANNELS
+# ... and kernel columns: a tile holds a whole kernel row of accumulators per output channel.
+ROWS_MAX_COLUMNS = 16
+# Columns of a row of the form, a multiple of (the wider) vector.
+ROWS_LANES = 16
+
+
+def rows_applies(conv: Conv3d) -> bool:
+    """Whether ``grad_weight_rows`` builds ``conv``'s weight gradient: no groups, at most
+    ``ROWS_MAX_CHANNELS`` input channels and ``ROWS_MAX_COLUMNS`` kernel columns."""
+    return (conv.groups == 1 and conv.cin <= ROWS_MAX_CHANNELS
+            and conv.kernel[2] <= ROWS_MAX_COLUMNS)
+
+
+def grad_weight_rows(conv: Conv3d, prec: Precision,
+                     names=("input", "grad_output", "grad_weight")) -> Graph:
+    """dW of a layer of few input channels (:func:`rows_applies`) as dot products along the
+    output rows, one per tap, on the user's NCDHW arrays::
+
+        dW[co, ci, kd, kh, kw] = sum over (n, do, ho) of  dy[n, co, do, ho, :] . x_tap[:]
+
+    with ``x_tap`` the row of x that tap reads. The positions of a row are the vector axis,
+    so x's 1-4 channels fill every lane (packed, they fill 1-4 of 16 lanes of a channel
+    block, or a fold of W's taps into them 21 of 32). x is padded and its W split by stride
+    phase first (``stages.DW_ROWS_X``: the columns a tap reads at stride s are then
+    contiguous), dy's rows padded to whole vectors where Wo is not one
+    (``stages.DW_ROWS_DY``); dy is otherwise read in place and the result written as the
+    user's OIDHW, with no packing stage.
+    """
+    x = _placeholder(conv.x_shape, names[0], prec.dtype)
+    dy = _placeholder(conv.y_shape, names[1], prec.dtype)
+    convert = prec.convert()
+    (kd, kh, kw), (sd, sh, sw), (dd, dh, dw) = conv.kernel, conv.strides, conv.dilations
+    front, top, left = conv.pads[0], conv.pads[2], conv.pads[4]
+    do, ho, wo = conv.out_spatial
+    row = -(-wo // ROWS_LANES) * ROWS_LANES
+    phases = min(sw, (kw - 1) * dw + 1)
+    # The rows the kernel reaches in padded x; per phase, the columns of every tap's row.
+    depth, height = ((o - 1) * s + (k - 1) * d + 1 for o, s, k, d in
+                     zip(conv.out_spatial[:2], conv.strides[:2], conv.kernel[:2],
+                         conv.dilations[:2], strict=True))
+    columns = row + (kw - 1) * dw // sw
+    zero = tirx.const(0, prec.dtype)
+    in_d, in_h, in_w = conv.in_spatial
+
+    def x_body(n, ci, d, h, r, q):
+        w = q * sw + r
+        inside = tirx.all(d >= front, d < front + in_d, h >= top, h < top + in_h,
+                          w >= left, w < left + in_w)
+        return tirx.if_then_else(inside, x[n, ci, d - front, h - top, w - left], zero)
+
+    xs = te.compute((conv.batch, conv.cin, depth, height, phases, columns), x_body,
+                    name=stages.DW_ROWS_X, tag=stages.tag(FILTER_ROWS_OP, "x"))
+    if row == wo:
+        dy_row = dy
+    else:
+        dy_row = te.compute(
+            (conv.batch, conv.cout, do, ho, row),
+            lambda n, co, d, h, w: tirx.if_then_else(
+                w < wo, dy[n, co, d, h, tirx.min(w, wo - 1)], zero),
+            name=stages.DW_ROWS_DY, tag=stages.tag(FILTER_ROWS_OP, "dy"))
+    rn = te.reduce_axis((0, conv.batch), name="n")
+    rd = te.reduce_axis((0, do), name="do")
+    rh = te.reduce_axis((0, ho), name="ho")
+    rw = te.reduce_axis((0, row), name="wo")
+
+    def body(co, ci, a, b, c):
+        left_ = convert(dy_row[rn, co, rd, rh, rw]).astype(ACC_DTYPE)
+        right = convert(xs[rn, ci, rd * sd + a * dd, rh * sh + b * dh, c * dw % sw,
+                           rw + c * dw // sw]).astype(ACC_DTYPE)
+        return te.sum(left_ * right, axis=[rn, rd, rh, rw])
+
+    acc = te.compute(conv.w_shape, body, name=stages.DW_ROWS,
+                     tag=stages.tag(FILTER_ROWS_OP, "rows"))
+    out = acc
+    if prec.dtype != ACC_DTYPE:
+        out = te.compute(conv.w_shape, lambda *i: acc[i].astype(prec.dtype),
+                         name=stages.DW_ROWS_CAST, tag=stages.tag(FILTER_ROWS_OP, "cast"))
+    p = RowsFilterParams(conv.batch, conv.cin, conv.cout, tuple(conv.out_spatial),
+                         tuple(conv.kernel), row)
+    return Graph(FILTER_ROWS_OP, p, [x, dy], out, ["NCDHW", "NCDHW", "NCDHW"],
+                 flops=conv.flops())
+
+
 def live_taps(conv: Conv3d) -> tuple[tuple[int, int, int], Conv3d] | None:
     """The taps that read some input, as ``(first live tap per axis, the convolution of the
     live taps alone)``, or None when every tap is live.
@@ -501,7 +590,7 @@ def alternative_candidates(graph: Graph, target: Target) -> list:
     width candidates are left to the kernel's own form: each costs a compile."""
     from ..schedules import candidates
 
-    if graph.op == FILTER_DOT_OP:  # a form of its own: both widths' tiles
+    if graph.op in (FILTER_DOT_OP, FILTER_ROWS_OP):  # a form of its own: both widths' tiles
         return candidates(graph.op, target)
     return [None, *(k for k in candidates(graph.op, target) if getattr(k, "gemm", None))]
 

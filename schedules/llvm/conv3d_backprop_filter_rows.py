@@ -1,0 +1,78 @@
+"""LLVM CPU schedule for the weight gradient of a layer of few input channels as dot products
+along output rows (``FILTER_ROWS_OP``, ``tbe_like.ops.kernels.grad_weight_rows``).
+
+``dW[co, ci, kd, kh, kw]`` sums, over (n, do, ho), dy's row times the row of x the tap reads.
+The columns of a row are the vector axis (``rfactor``: every lane sums its own columns, the
+lanes are added at the end), and a register tile holds every tap of a kernel row for a few
+output channels:
+
+    parallel over (output-channel tiles, ci, kd, kh)
+      for n, do, ho, wo_o                           the row, a vector of columns at a time
+        register tile: co_tile x kw vectors         co_tile loads of dy and kw of x
+      add each accumulator's lanes, write the tile's cells of dW
+
+The x vectors of a kernel row are its columns shifted by one (at stride s, by one in the
+stride phase of x that ``stages.DW_ROWS_X`` splits out), so every lane does useful work
+whatever the number of input channels: a packed stem used 3 of 16 lanes, or 21 of 32 with
+W's taps folded into them. A task's slice of dy (its output channels, all positions) is read
+again by the tasks of the next taps while it is in cache.
+"""
+
+from __future__ import annotations
+
+from tbe_like import stages
+from tbe_like.params import FILTER_ROWS_OP, RowsFilterParams
+from tbe_like.target import vector_lanes, vector_registers
+
+from ..common import HEURISTIC_LANES, Heuristic, block_names, divisors, parallel, vectorize
+from ..registry import register
+
+# Output channels of a register tile, at most.
+TILE_CHANNELS = 8
+
+
+def tile(cout: int, columns: int, registers: int) -> int:
+    """Output channels of the register tile (a divisor of ``cout``): the most whose
+    accumulators (a kernel row's ``columns`` each), dy vectors and one x vector fit in
+    ``registers``."""
+    fits = [co for co in divisors(cout)
+            if co <= TILE_CHANNELS and co * columns + co + 1 <= registers]
+    return max(fits, default=1)
+
+
+def candidates(target) -> list[Heuristic]:
+    """Either vector width's tile."""
+    del target
+    return [Heuristic(lanes) for lanes in HEURISTIC_LANES]
+
+
+@register(FILTER_ROWS_OP, "llvm", candidates=candidates)
+def schedule(sch, p: RowsFilterParams, target, knobs: Heuristic | None = None):
+    """``knobs``: a :class:`Heuristic` (default, and for ``SAMPLE``: the target's vector
+    width; measured selection times both widths)."""
+    lanes = knobs.lanes if isinstance(knobs, Heuristic) else vector_lanes(target)
+    names = block_names(sch)
+    for name, outer in ((stages.DW_ROWS_X, 3), (stages.DW_ROWS_DY, 3)):
+        if name in names:  # planes in parallel, the rows' columns vectorized
+            block = sch.get_sblock(name)
+            loops = sch.get_loops(block)
+            parallel(sch, loops[:outer], target)
+            vectorize(sch, loops[-1])
+    rows = sch.get_sblock(stages.DW_ROWS)
+    *_, wo = sch.get_loops(rows)
+    _, lane = sch.split(wo, [None, lanes])
+    rf = sch.rfactor(lane, 5)  # dw_rows_rf (Cout, Cin, kd, kh, kw, lanes): a partial per lane
+    co, ci, kd, kh, kw, n, do, ho, wo_o, lane = sch.get_loops(rf)
+    co_o, co_i = sch.split(co, [None, tile(p.cout, p.kernel[2], vector_registers(target))])
+    sch.reorder(co_o, ci, kd, kh, n, do, ho, wo_o, co_i, kw, lane)
+    task = parallel(sch, [co_o, ci, kd, kh], target)
+    sch.unroll(co_i)
+    sch.unroll(kw)
+    sch.vectorize(lane)
+    init = sch.decompose_reduction(rf, n)
+    sch.vectorize(sch.get_loops(init)[-1])
+    # The lanes added and the cells written by the task that summed them (in cache).
+    sch.reverse_compute_at(rows, task)
+    if stages.DW_ROWS_CAST in names:
+        sch.reverse_compute_at(sch.get_sblock(stages.DW_ROWS_CAST), task)
+    return sch

@@ -1,0 +1,122 @@
+"""The weight gradient of a layer of few input channels as dot products along output rows
+(``kernels.grad_weight_rows``, ``schedules.llvm.conv3d_backprop_filter_rows``): a form that
+measured selection races against the packed one. Both vector widths' tiles, strides,
+dilations, padding, rows of whole vectors (dy read in place) and not (dy's rows padded), every
+dtype and the transposed operator, against NumPy; every kernel under the bounds proof."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import NP_DTYPES, RTOL, conv3d
+from tbe_like.schedules import Heuristic
+from tbe_like.schedules.common import HEURISTIC_LANES
+
+from tbe_like import ops, stages
+from tbe_like._tvm import IRModule, s_tir, tvm
+from tbe_like.bounds import compile_checked
+from tbe_like.ops import kernels
+from tbe_like.ops.convolution_backward import _other_forms, graph_of
+from tbe_like.schedules.llvm.conv3d_backprop_filter_rows import tile
+from tbe_like.target import host_target
+from tbe_like.testing import reference as ref
+
+TARGET = host_target()
+CASES = {  # (conv, dtype, padding (D, H, W) for the reference)
+    # A video stem: stride (1, 2, 2), 7 columns in two stride phases, rows of 10 (padded).
+    "stem-3ch-k377-s122": (kernels.Conv3d(1, 3, 8, (4, 20, 20), (4, 10, 10), (3, 7, 7),
+                                          (1, 2, 2), (1, 1, 3, 3, 3, 3), (1, 1, 1), 1),
+                           "float32"),
+    # One channel, rows of exactly 16 (dy read in place), stride 1, k5.
+    "vnet-1ch-k555": (conv3d(2, 1, (3, 6, 16), 5, (5, 5, 5), pad=2), "float32"),
+    # Dilation 2 at stride 3 (phases of the dilated taps), no padding, 2 channels.
+    "2ch-dil2-s3": (conv3d(1, 2, (7, 13, 23), 6, (2, 3, 3), stride=3, pad=0, dil=2), "float32"),
+    "4ch-k133-float16": (kernels.Conv3d(1, 4, 12, (2, 9, 33), (2, 9, 17), (1, 3, 3),
+                                        (1, 1, 2), (0, 0, 1, 1, 1, 1), (1, 1, 1), 1), "float16"),
+    "3ch-k3-bfloat16": (conv3d(1, 3, (3, 5, 16), 8, (3, 3, 3)), "bfloat16"),
+}
+
+
+def _weight_gradient(conv, x, dy):
+    pads = conv.pads[::2]
+    assert pads == conv.pads[1::2]
+    _, dw, _ = ref.convolution_backward(
+        dy.astype(np.float64), x.astype(np.float64), np.zeros(conv.w_shape),
+        stride=list(conv.strides), padding=list(pads), dilation=list(conv.dilations),
+        transposed=False, output_padding=[0, 0, 0], groups=1, output_mask=(False, True, False))
+    return dw
+
+
+@pytest.mark.parametrize("lanes", HEURISTIC_LANES)
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_tile_matches_reference(name, lanes):
+    conv, dtype = CASES[name]
+    assert kernels.rows_applies(conv)
+    prec = kernels.Precision.on(TARGET, dtype, dtype)
+    graph = kernels.grad_weight_rows(conv, prec)
+    padded = conv.out_spatial[2] % kernels.ROWS_LANES != 0
+    assert (stages.DW_ROWS_DY in stages.stage_names(graph.output)) == padded
+    sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})), graph,
+                           TARGET, Heuristic(lanes))
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(conv.x_shape).astype(NP_DTYPES[dtype])
+    dy = rng.standard_normal(conv.y_shape).astype(NP_DTYPES[dtype])
+    dev = tvm.cpu()
+    out = tvm.runtime.tensor(np.zeros(conv.w_shape, NP_DTYPES[dtype]), dev)
+    compile_checked(sch.mod, TARGET)["main"](tvm.runtime.tensor(x, dev),
+                                            tvm.runtime.tensor(dy, dev), out)
+    want = _weight_gradient(conv, x, dy)
+    got = out.numpy().astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=0, atol=RTOL[dtype] * np.abs(want).max())
+
+
+def test_the_tile_fits_the_registers():
+    """A 7-column kernel row of accumulators per output channel: 2 channels in 32 registers
+    (14 + 2 dy vectors + 1 of x), 1 in 16; the channels a divisor of Cout."""
+    assert tile(64, 7, 32) == 2
+    assert tile(64, 7, 16) == 1
+    assert tile(45, 7, 32) == 3
+    assert tile(24, 3, 32) == 6
+    assert tile(64, 16, 32) == 1
+
+
+def test_only_few_channel_layers_have_the_form():
+    prec = kernels.Precision("float32", "float32")
+    stem = conv3d(1, 3, (4, 16, 16), 8, (3, 7, 7), stride=2, pad=3)
+    forms = _other_forms(graph_of("grad_weight", stem, prec, target=TARGET),
+                         "grad_weight", stem, prec, False, TARGET)
+    assert list(forms) == ["rows"]
+    for conv in (conv3d(1, 5, (4, 8, 16), 24, (3, 3, 3)),  # 5 channels
+                 conv3d(1, 4, (4, 8, 16), 8, (3, 3, 3), groups=2),
+                 conv3d(1, 3, (2, 4, 40), 8, (1, 1, 17), pad=0)):  # 17 columns
+        assert not kernels.rows_applies(conv)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_the_operator_races_it_and_computes_the_same(transposed, tmp_path, monkeypatch):
+    """Through ``convolution_backward`` from an empty cache: the selection timed the rows
+    form, and whichever won, the weight gradient equals NumPy's."""
+    monkeypatch.setenv("TBE_LIKE_MEASURE", "1")  # (the test run's default is off)
+    monkeypatch.setenv("TBE_LIKE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("TBE_LIKE_RECORDS", str(tmp_path / "no-user-records"))
+    rng = np.random.default_rng(6)
+    # Forward: 3 -> 8 channels, k(1, 5, 5), stride 2, pad 2. Transposed, 8 -> 3 upsampling:
+    # the weight gradient's x is then the user's grad_output, of 3 channels.
+    x = rng.standard_normal((2, 3, 2, 12, 12) if not transposed else (2, 8, 2, 6, 6))
+    x = x.astype(np.float32)
+    w = rng.standard_normal((8, 3, 1, 5, 5)).astype(np.float32)
+    out = (2, 8, 2, 6, 6) if not transposed else (2, 3, 2, 11, 11)
+    dy = rng.standard_normal(out).astype(np.float32)
+    kw = dict(bias_sizes=None, stride=(1, 2, 2), padding=(0, 2, 2), dilation=1,
+              transposed=transposed, output_padding=0, groups=1,
+              output_mask=(False, True, False))
+    executor = ops.prepare_convolution_backward(dy, x, w, **kw)
+    times = executor.kernels["grad_weight"].metadata["para_dict"]["selection"]["times_ms"]
+    assert any(name.startswith("rows: ") for name in times), times
+    got = executor(dy, x, w)[1]
+    want = ref.convolution_backward(dy.astype(np.float64), x.astype(np.float64),
+                                    w.astype(np.float64), stride=[1, 2, 2], padding=[0, 2, 2],
+                                    dilation=[1] * 3, transposed=transposed,
+                                    output_padding=[0] * 3, groups=1,
+                                    output_mask=(False, True, False))[1]
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
