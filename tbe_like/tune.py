@@ -317,11 +317,14 @@ def _runners(funcs: list, target: Target, symbol: str = "main"
 
     def build(func):
         mod = IRModule({"main": func.with_attr("global_symbol", symbol)})
-        return compile_checked(mod, target, "a measured candidate")
+        executable = compile_checked(mod, target, "a measured candidate")
+        # Looking the function up generates its machine code (LLVM's JIT, 0.2-0.5 s for a
+        # large kernel): here, on the pool's threads, not one after another below.
+        return executable, executable[symbol]
 
     with ThreadPoolExecutor(max_workers=max(1, min(len(funcs), cpu_count()))) as pool:
-        executables = list(pool.map(build, funcs))
-    kernels = [executable[symbol] for executable in executables]
+        executables, kernels = zip(*pool.map(build, funcs), strict=True)
+    executables = list(executables)
     dev = tvm.runtime.device("cpu" if str(target.kind.name) == "llvm" else "cuda", 0)
     args = _arguments(funcs[0], dev)
 
