@@ -354,6 +354,23 @@ class RowsFilterParams:
     row: int
 
 
+# The framework operators' input gradient of a layer of few input channels, one stride phase of
+# dX at a time with dX's rows as the vector axis (``tbe_like.ops.kernels.grad_input_rows``).
+INPUT_ROWS_OP = "conv3d_backprop_input_rows"
+
+
+@dataclass(frozen=True)
+class RowsInputParams:
+    """The sizes of a row-wise input gradient (``INPUT_ROWS_OP``): ``cin`` channels of dX,
+    ``cout`` of dy, and per stride phase of dX (its stage's name, in order) the columns of its
+    rows (whole vectors)."""
+
+    batch: int
+    cin: int
+    cout: int
+    phases: tuple[tuple[str, int], ...]
+
+
 FILTER_DEFAULTS = {
     "dilations": (1, 1, 1, 1, 1),
     "res_dtype": "float32",

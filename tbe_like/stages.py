@@ -29,6 +29,12 @@ DW_ROWS_DY = "dw_rows_dy"  # dy's rows zero-padded to whole vectors, where Wo is
 DW_ROWS = "dw_rows"  # (Cout, Cin, kd, kh, kw) float32: sum over (n, do, ho, wo) of dy * x
 DW_ROWS_CAST = "dw_rows_cast"  # the result in the arrays' dtype, where that is not float32
 
+# The input gradient of a layer of few input channels, one stride phase of dX at a time, dX's
+# rows the vector axis (CPU kernels of tbe_like.ops, ``kernels.grad_input_rows``)
+DX_ROWS_DY = "dx_rows_dy"  # dy zero-padded by the taps' reach, (N, Cout, D', H', W')
+DX_ROWS = "dx_rows"  # prefix of the phase stages "dx_rows_<rd>_<rh>_<rw>", float32
+DX_ROWS_RES = "dx_rows_res"  # dX (N, Cin, D, H, W): each position from its phase's stage
+
 # conv3d_backprop_input (input gradient, also conv3d_transpose)
 DX_DY_DILATE = "dx_dy_dilate"  # dy with stride - 1 zeros between neighbours
 DX_DY_PAD = "dx_dy_pad"  # the dilated dy padded (or cropped) for a plain correlation

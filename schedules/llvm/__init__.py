@@ -5,4 +5,5 @@ from . import (  # noqa: F401  (registers the rules)
     conv3d_backprop_filter_dot,
     conv3d_backprop_filter_rows,
     conv3d_backprop_input,
+    conv3d_backprop_input_rows,
 )

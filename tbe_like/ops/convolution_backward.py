@@ -266,7 +266,8 @@ def _other_forms(graph: kernels.Graph, kind: str, conv: kernels.Conv3d,
     96 -> 192 shortcut 203 -> 118 us; it lost on others, hence the race), and the weight
     gradient of a layer of 1-4 input channels as dot products along rows, one per tap
     (``kernels.grad_weight_rows``: SlowFast's fast stem 10.6 -> 3.9 ms, X3D's 7.2 -> 4.4 ms,
-    Zen 4)."""
+    Zen 4) and its input gradient one stride phase at a time (``kernels.grad_input_rows``: the
+    fast stem 32.5 -> 3.2 ms, I3D's 39 -> 6.4 ms)."""
     forms = {}
     if kernels.uses_winograd(graph):
         forms["direct"] = graph_of(kind, conv, prec, transposed, None)
@@ -276,6 +277,9 @@ def _other_forms(graph: kernels.Graph, kind: str, conv: kernels.Conv3d,
     if (kind == "grad_weight" and str(target.kind.name) == "llvm"
             and kernels.rows_applies(conv)):
         forms["rows"] = kernels.grad_weight_rows(conv, prec, _weight_names(transposed))
+    if (kind == "grad_input" and str(target.kind.name) == "llvm"
+            and kernels.input_rows_applies(conv)):
+        forms["rows"] = kernels.grad_input_rows(conv, prec)
     return forms
 
 

@@ -34,11 +34,13 @@ from ..params import (
     FILTER_OP,
     FILTER_ROWS_OP,
     INPUT_OP,
+    INPUT_ROWS_OP,
     BackpropFilterParams,
     BackpropInputParams,
     ConvGeometry,
     DotFilterParams,
     RowsFilterParams,
+    RowsInputParams,
 )
 
 C0 = 16
@@ -444,6 +446,143 @@ def grad_weight_rows(conv: Conv3d, prec: Precision,
                  flops=conv.flops())
 
 
+# Stride phases of dX up to which its input gradient is also built phase by phase
+# (``grad_input_rows``): a stage each.
+ROWS_MAX_PHASES = 8
+
+
+def input_rows_applies(conv: Conv3d) -> bool:
+    """Whether ``grad_input_rows`` builds ``conv``'s input gradient: no groups, at most
+    ``ROWS_MAX_CHANNELS`` input channels, at most ``ROWS_MAX_PHASES`` stride phases, and no
+    axis both strided and dilated (a phase's taps are then every s-th, or every one)."""
+    return (conv.groups == 1 and conv.cin <= ROWS_MAX_CHANNELS
+            and math.prod(conv.strides) <= ROWS_MAX_PHASES
+            and all(s == 1 or d == 1 for s, d in zip(conv.strides, conv.dilations,
+                                                      strict=True)))
+
+
+@dataclass(frozen=True)
+class _Phase:
+    """The positions x of one axis of dX with ``(x + pad) % stride == r``, and the taps that
+    reach them: position ``j`` of the phase is ``x = (first + j) * stride + r - pad``, tap
+    ``t`` is kernel index ``r + t * stride`` (a dilated axis: ``t``, of stride 1) and reads
+    dy at ``first + j - t * reach``."""
+
+    r: int
+    first: int
+    count: int
+    taps: int
+    reach: int  # dy positions between a tap and the next
+
+    def kernel_index(self, t, stride: int):
+        return self.r + t * stride
+
+
+def _phases(size: int, kernel: int, stride: int, dilation: int, pad: int) -> list[_Phase]:
+    """The stride phases of an axis of dX of ``size`` (``stride == 1 or dilation == 1``)."""
+    out = []
+    for r in range(stride):
+        first = -((r - pad) // stride)  # ceil((pad - r) / stride)
+        count = (size - 1 + pad - r) // stride + 1 - first
+        if count > 0:
+            taps = len(range(r, kernel, stride)) if stride > 1 else kernel
+            out.append(_Phase(r, first, count, taps, 1 if stride > 1 else dilation))
+    return out
+
+
+def grad_input_rows(conv: Conv3d, prec: Precision,
+                    names=("grad_output", "weight", "grad_input")) -> Graph:
+    """dX of a layer of few input channels (:func:`input_rows_applies`), one stride phase of
+    dX at a time, on the user's NCDHW arrays::
+
+        dX_phase[n, ci, j...] = sum over (co, taps of the phase) of dy[n, co, j - t] * W[co, ci, tap]
+
+    The columns of a phase's rows are the vector axis and the weights are broadcast, so dX's
+    1-4 channels fill every lane; the packed form gave each of them a block of 16 channels
+    (3 of 16 lanes on a video stem). dy is padded by the taps' reach first
+    (``stages.DX_ROWS_DY``), each phase has a stage of its own with only the taps that reach
+    it (``stages.DX_ROWS``: no multiply-add on a zero tap), and the result interleaves them
+    (``stages.DX_ROWS_RES``).
+    """
+    dy = _placeholder(conv.y_shape, names[0], prec.dtype)
+    w = _placeholder(conv.w_shape, names[1], prec.dtype)
+    convert = prec.convert()
+    pads = conv.pads[0::2]
+    axes = [_phases(*a) for a in zip(conv.in_spatial, conv.kernel, conv.strides,
+                                      conv.dilations, pads, strict=True)]
+    row = {ph.r: -(-ph.count // ROWS_LANES) * ROWS_LANES for ph in axes[2]}
+    # dy padded so that every phase position's every tap reads inside it.
+    lead = [max([0, *((ph.taps - 1) * ph.reach - ph.first for ph in a)]) for a in axes]
+    ends = [max(ph.first + (row[ph.r] if i == 2 else ph.count) for ph in a) + lead[i]
+            for i, a in enumerate(axes)]
+    zero = tirx.const(0, prec.dtype)
+    out_d, out_h, out_w = conv.out_spatial
+
+    def dy_body(n, co, d, h, c):
+        d, h, c = d - lead[0], h - lead[1], c - lead[2]
+        inside = tirx.all(d >= 0, d < out_d, h >= 0, h < out_h, c >= 0, c < out_w)
+        return tirx.if_then_else(inside, dy[n, co, d, h, c], zero)
+
+    dyp = te.compute((conv.batch, conv.cout, *ends), dy_body, name=stages.DX_ROWS_DY,
+                     tag=stages.tag(INPUT_ROWS_OP, "dy"))
+    def phase_body(pd_: _Phase, ph_: _Phase, pw_: _Phase):
+        rco = te.reduce_axis((0, conv.cout), name="co")
+        rd = te.reduce_axis((0, pd_.taps), name="td")
+        rh = te.reduce_axis((0, ph_.taps), name="th")
+        rw = te.reduce_axis((0, pw_.taps), name="tw")
+        sd, sh, sw = conv.strides
+
+        def body(n, ci, a, b, c):
+            left_ = dyp[n, rco, pd_.first + a - rd * pd_.reach + lead[0],
+                        ph_.first + b - rh * ph_.reach + lead[1],
+                        pw_.first + c - rw * pw_.reach + lead[2]]
+            right = w[rco, ci, pd_.kernel_index(rd, sd), ph_.kernel_index(rh, sh),
+                      pw_.kernel_index(rw, sw)]
+            return te.sum(convert(left_).astype(ACC_DTYPE) * convert(right).astype(ACC_DTYPE),
+                          axis=[rco, rd, rh, rw])
+
+        return body
+
+    staged = {}
+    for pd_ in axes[0]:
+        for ph_ in axes[1]:
+            for pw_ in axes[2]:
+                name = f"{stages.DX_ROWS}_{pd_.r}_{ph_.r}_{pw_.r}"
+                shape = (conv.batch, conv.cin, pd_.count, ph_.count, row[pw_.r])
+                if 0 in (pd_.taps, ph_.taps, pw_.taps):  # no tap reaches the phase
+                    body = lambda *_: tirx.const(0, ACC_DTYPE)  # noqa: E731
+                else:
+                    body = phase_body(pd_, ph_, pw_)
+                staged[pd_.r, ph_.r, pw_.r] = te.compute(
+                    shape, body, name=name, tag=stages.tag(INPUT_ROWS_OP, "phase"))
+
+    def res_body(n, ci, *x):
+        value = None
+        for key, stage in reversed(list(staged.items())):
+            index = []
+            for i, (r, a) in enumerate(zip(key, axes, strict=True)):
+                ph = next(p for p in a if p.r == r)
+                s = conv.strides[i]
+                j = (x[i] + pads[i]) // s - ph.first
+                index.append(tirx.max(tirx.min(j, ph.count - 1), 0))
+            here = stage[(n, ci, *index)]
+            if value is None:
+                value = here
+            else:
+                match = tirx.all(*((x[i] + pads[i]) % conv.strides[i] == key[i]
+                                   for i in range(3)))
+                value = tirx.if_then_else(match, here, value)
+        return value.astype(prec.dtype)
+
+    out = te.compute(conv.x_shape, res_body, name=stages.DX_ROWS_RES,
+                     tag=stages.tag(INPUT_ROWS_OP, "res"))
+    p = RowsInputParams(conv.batch, conv.cin, conv.cout,
+                        tuple((f"{stages.DX_ROWS}_{k[0]}_{k[1]}_{k[2]}", row[k[2]])
+                              for k in staged))
+    return Graph(INPUT_ROWS_OP, p, [dy, w], out, ["NCDHW", "NCDHW", "NCDHW"],
+                 flops=conv.flops())
+
+
 def live_taps(conv: Conv3d) -> tuple[tuple[int, int, int], Conv3d] | None:
     """The taps that read some input, as ``(first live tap per axis, the convolution of the
     live taps alone)``, or None when every tap is live.
@@ -583,6 +722,10 @@ def schedule(sch, graph: Graph, target: Target, knobs=None):
     return sch
 
 
+# The forms of few input channels (``grad_weight_rows``, ``grad_input_rows``).
+ROWS_OPS = (FILTER_ROWS_OP, INPUT_ROWS_OP)
+
+
 def alternative_candidates(graph: Graph, target: Target) -> list:
     """What measured selection times for another form of a kernel (its direct form): the
     rule's default, and the input gradient's GEMM tile (``Heuristic(gemm=True)``), which made
@@ -590,7 +733,7 @@ def alternative_candidates(graph: Graph, target: Target) -> list:
     width candidates are left to the kernel's own form: each costs a compile."""
     from ..schedules import candidates
 
-    if graph.op in (FILTER_DOT_OP, FILTER_ROWS_OP):  # a form of its own: both widths' tiles
+    if graph.op in (FILTER_DOT_OP, FILTER_ROWS_OP, INPUT_ROWS_OP):  # both widths' tiles
         return candidates(graph.op, target)
     return [None, *(k for k in candidates(graph.op, target) if getattr(k, "gemm", None))]
 
@@ -611,7 +754,14 @@ def build(graph: Graph, target: Target, output_dir, kernel_name: str, op: str,
     func = prim_func(graph)
     forms = tuple(Form(name, prim_func(g), scheduler(g), alternative_candidates(g, target))
                   for name, g in (alternatives or {}).items())
-    sch, origin, selection = plan(func, scheduler(graph), candidates(graph.op, target), target,
+    own = candidates(graph.op, target)
+    if any(form.func is not None and g.op in ROWS_OPS for form, g in
+           zip(forms, (alternatives or {}).values(), strict=True)):
+        # Beside a rows form the packed form races with its rule's default alone: its other
+        # tiles lost to the rows form by 1.5-10x on every stem of the network suite, and each
+        # costs a compile (a video stem's first build took 8-10 s with them).
+        own = [None]
+    sch, origin, selection = plan(func, scheduler(graph), own, target,
                                   symbol=kernel_name, alternatives=forms)
     tuned = origin == "record"
     mod = IRModule({"main": sch.mod["main"].with_attr("global_symbol", kernel_name)})

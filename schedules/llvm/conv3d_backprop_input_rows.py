@@ -1,0 +1,69 @@
+"""LLVM CPU schedule for the input gradient of a layer of few input channels, one stride phase
+of dX at a time (``INPUT_ROWS_OP``, ``tbe_like.ops.kernels.grad_input_rows``).
+
+Every phase stage sums, for each of its positions, dy's positions that its taps reach times the
+tap's weight. The columns of a row of the phase are the vector axis, the weights broadcast:
+
+    parallel over (n, rows of the phase)
+      for column tiles of the row
+        for co, the phase's taps                    reduction
+          register tile: ci x vectors of columns    the vectors of dy loaded once for all ci
+      (the tile's accumulators written once)
+
+then the result takes each position from its phase's stage, planes in parallel. dy is padded
+once (``stages.DX_ROWS_DY``), planes in parallel, rows vectorized.
+"""
+
+from __future__ import annotations
+
+from tbe_like import stages
+from tbe_like.params import INPUT_ROWS_OP, RowsInputParams
+from tbe_like.target import vector_lanes, vector_registers
+
+from ..common import HEURISTIC_LANES, Heuristic, divisors, parallel, vectorize
+from ..registry import register
+
+
+def vectors(cin: int, columns: int, lanes: int, registers: int) -> int:
+    """Vectors of columns in the register tile (a divisor of the row's): the most whose
+    ``cin`` accumulators each, the broadcast weights and a dy vector fit in ``registers``."""
+    fits = [v for v in divisors(columns // lanes) if cin * v + cin + 1 <= registers]
+    return max(fits, default=1)
+
+
+def candidates(target) -> list[Heuristic]:
+    """Either vector width's tile."""
+    del target
+    return [Heuristic(lanes) for lanes in HEURISTIC_LANES]
+
+
+@register(INPUT_ROWS_OP, "llvm", candidates=candidates)
+def schedule(sch, p: RowsInputParams, target, knobs: Heuristic | None = None):
+    """``knobs``: a :class:`Heuristic` (default, and for ``SAMPLE``: the target's vector
+    width; measured selection times both widths)."""
+    lanes = knobs.lanes if isinstance(knobs, Heuristic) else vector_lanes(target)
+    pad = sch.get_sblock(stages.DX_ROWS_DY)
+    loops = sch.get_loops(pad)
+    parallel(sch, loops[:3], target)
+    vectorize(sch, loops[-1])
+    for name, columns in p.phases:
+        block = sch.get_sblock(name)
+        loops = sch.get_loops(block)
+        if len(loops) == 5:  # no tap reaches the phase: zeros
+            parallel(sch, loops[:3], target)
+            vectorize(sch, loops[-1])
+            continue
+        n, ci, d, h, c, co, td, th, tw = loops
+        v = vectors(p.cin, columns, lanes, vector_registers(target))
+        c_o, c_v, lane = sch.split(c, [None, v, lanes])
+        sch.reorder(n, d, h, c_o, co, td, th, tw, ci, c_v, lane)
+        parallel(sch, [n, d, h], target)
+        sch.unroll(ci)
+        sch.unroll(c_v)
+        sch.vectorize(lane)
+        init = sch.decompose_reduction(block, co)
+        sch.vectorize(sch.get_loops(init)[-1])
+    res = sch.get_sblock(stages.DX_ROWS_RES)
+    loops = sch.get_loops(res)
+    parallel(sch, loops[:3], target)
+    return sch

@@ -1,0 +1,157 @@
+"""The input gradient of a layer of few input channels, one stride phase of dX at a time
+(``kernels.grad_input_rows``, ``schedules.llvm.conv3d_backprop_input_rows``): a form that
+measured selection races against the packed one. Both vector widths' tiles; stride phases of
+unequal sizes and tap counts, phases no tap reaches (kernel < stride), dilation, asymmetric
+padding; every dtype; against NumPy, every kernel under the bounds proof."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import NP_DTYPES, RTOL, conv3d
+from tbe_like.schedules import Heuristic
+from tbe_like.schedules.common import HEURISTIC_LANES
+
+from tbe_like import ops
+from tbe_like._tvm import IRModule, s_tir, tvm
+from tbe_like.bounds import compile_checked
+from tbe_like.ops import kernels
+from tbe_like.ops.convolution_backward import _other_forms, graph_of
+from tbe_like.schedules.llvm.conv3d_backprop_input_rows import vectors
+from tbe_like.target import host_target
+from tbe_like.testing import reference as ref
+
+TARGET = host_target()
+
+
+def _conv(n, cin, spatial, cout, kernel, stride, pads, dil=(1, 1, 1)):
+    """A ``kernels.Conv3d`` with per-axis strides, (before, after) pads and dilations."""
+    out = tuple((i + pads[2 * a] + pads[2 * a + 1] - dil[a] * (kernel[a] - 1) - 1) // stride[a]
+                + 1 for a, i in enumerate(spatial))
+    return kernels.Conv3d(n, cin, cout, spatial, out, kernel, stride, pads, dil, 1)
+
+
+CASES = {  # (conv, dtype)
+    # A video stem: stride (1, 2, 2), phases of 4 and 3 taps, rows of 10 and 9 (padded).
+    "stem-3ch-k377-s122": (_conv(1, 3, (4, 19, 20), 8, (3, 7, 7), (1, 2, 2),
+                                 (1, 1, 3, 3, 3, 3)), "float32"),
+    # Stride 2 on every axis (8 phases), odd sizes, uneven padding.
+    "2ch-k3-s222": (_conv(2, 2, (5, 7, 9), 6, (3, 3, 3), (2, 2, 2), (1, 0, 1, 2, 0, 1)),
+                    "float32"),
+    # Kernel shorter than the stride: H phase 2 and W phase 1 have no tap (zeros).
+    "1ch-gaps": (_conv(1, 1, (2, 9, 8), 5, (1, 2, 1), (1, 3, 2), (0, 0, 0, 0, 0, 0)),
+                 "float32"),
+    # Dilation 2 at stride 1, 4 channels, rows of exactly 16.
+    "4ch-dil2-float16": (_conv(1, 4, (3, 6, 16), 7, (2, 3, 3), (1, 1, 1), (1, 1, 2, 2, 2, 2),
+                               (1, 2, 2)), "float16"),
+    "3ch-s122-bfloat16": (_conv(1, 3, (2, 8, 12), 8, (1, 3, 3), (1, 2, 2), (0, 0, 1, 1, 1, 1)),
+                          "bfloat16"),
+}
+
+
+def _reference(conv, dy, w):
+    """dX by scattering every (dy position, tap) product: independent of the phase algebra."""
+    dx = np.zeros(conv.x_shape)
+    dy64, w64 = dy.astype(np.float64), w.astype(np.float64)
+    (kd, kh, kw), (sd, sh, sw), (dd, dh, dw) = conv.kernel, conv.strides, conv.dilations
+    front, top, left = conv.pads[0], conv.pads[2], conv.pads[4]
+    do, ho, wo = conv.out_spatial
+    for a in range(kd):
+        for b in range(kh):
+            for c in range(kw):
+                # contribution[n, ci, od, oh, ow] = sum_co dy[n, co, od, oh, ow] * w[co, ci, a, b, c]
+                part = np.einsum("nodhw,oc->ncdhw", dy64, w64[:, :, a, b, c])
+                for od in range(do):
+                    d = od * sd + a * dd - front
+                    if not 0 <= d < conv.in_spatial[0]:
+                        continue
+                    for oh in range(ho):
+                        h = oh * sh + b * dh - top
+                        if not 0 <= h < conv.in_spatial[1]:
+                            continue
+                        ws = np.arange(wo) * sw + c * dw - left
+                        ok = (ws >= 0) & (ws < conv.in_spatial[2])
+                        dx[:, :, d, h, ws[ok]] += part[:, :, od, oh, ok]
+    return dx
+
+
+@pytest.mark.parametrize("lanes", HEURISTIC_LANES)
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_tile_matches_reference(name, lanes):
+    conv, dtype = CASES[name]
+    assert kernels.input_rows_applies(conv)
+    prec = kernels.Precision.on(TARGET, dtype, dtype)
+    graph = kernels.grad_input_rows(conv, prec)
+    assert len(graph.params.phases) == np.prod(conv.strides)
+    sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})), graph,
+                           TARGET, Heuristic(lanes))
+    rng = np.random.default_rng(7)
+    dy = rng.standard_normal(conv.y_shape).astype(NP_DTYPES[dtype])
+    w = rng.standard_normal(conv.w_shape).astype(NP_DTYPES[dtype])
+    dev = tvm.cpu()
+    out = tvm.runtime.tensor(np.full(conv.x_shape, np.nan, NP_DTYPES[dtype]), dev)
+    compile_checked(sch.mod, TARGET)["main"](tvm.runtime.tensor(dy, dev),
+                                            tvm.runtime.tensor(w, dev), out)
+    want = _reference(conv, dy, w)
+    got = out.numpy().astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=0, atol=RTOL[dtype] * np.abs(want).max())
+
+
+def test_the_reference_is_pytorchs_where_padding_is_symmetric():
+    conv = _conv(1, 2, (3, 9, 10), 4, (2, 3, 3), (1, 2, 2), (1, 1, 1, 1, 1, 1))
+    rng = np.random.default_rng(8)
+    dy = rng.standard_normal(conv.y_shape)
+    w = rng.standard_normal(conv.w_shape)
+    want = ref.convolution_backward(dy, np.zeros(conv.x_shape), w, stride=[1, 2, 2],
+                                    padding=[1, 1, 1], dilation=[1, 1, 1], transposed=False,
+                                    output_padding=[0, 0, 0], groups=1,
+                                    output_mask=(True, False, False))[0]
+    np.testing.assert_allclose(_reference(conv, dy, w), want, rtol=1e-12, atol=1e-12)
+
+
+def test_the_tile_fits_the_registers():
+    """3 channels: every vector of a 64-column row (4 of 16 lanes, 8 of 8: 24 accumulators + 3
+    weights + dy) with 32 registers; 4 of 8 lanes (12 + 3 + 1) with 16; a divisor of the
+    row's vectors."""
+    assert vectors(3, 64, 16, 32) == 4
+    assert vectors(3, 64, 8, 32) == 8
+    assert vectors(3, 64, 8, 16) == 4
+    assert vectors(4, 48, 8, 16) == 2
+    assert vectors(1, 16, 16, 16) == 1
+
+
+def test_only_few_channel_layers_of_few_phases_have_the_form():
+    prec = kernels.Precision("float32", "float32")
+    stem = conv3d(1, 3, (4, 16, 16), 8, (3, 7, 7), stride=2, pad=3)
+    forms = _other_forms(graph_of("grad_input", stem, prec, target=TARGET),
+                         "grad_input", stem, prec, False, TARGET)
+    assert list(forms) == ["rows"]
+    for conv in (conv3d(1, 5, (4, 8, 16), 24, (3, 3, 3)),  # 5 channels
+                 conv3d(1, 4, (4, 8, 16), 8, (3, 3, 3), groups=2),
+                 _conv(1, 3, (4, 16, 16), 8, (1, 4, 4), (1, 4, 4), (0,) * 6),  # 16 phases
+                 _conv(1, 3, (4, 16, 16), 8, (1, 3, 3), (1, 2, 2), (0,) * 6, (1, 1, 2))):
+        assert not kernels.input_rows_applies(conv)
+
+
+def test_the_operator_races_it_and_computes_the_same(tmp_path, monkeypatch):
+    """Through ``convolution_backward`` from an empty cache: the selection timed the rows
+    form, and whichever won, the input gradient equals NumPy's."""
+    monkeypatch.setenv("TBE_LIKE_MEASURE", "1")  # (the test run's default is off)
+    monkeypatch.setenv("TBE_LIKE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("TBE_LIKE_RECORDS", str(tmp_path / "no-user-records"))
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((2, 3, 2, 12, 13)).astype(np.float32)
+    w = rng.standard_normal((8, 3, 1, 5, 5)).astype(np.float32)
+    dy = rng.standard_normal((2, 8, 2, 6, 7)).astype(np.float32)
+    kw = dict(bias_sizes=None, stride=(1, 2, 2), padding=(0, 2, 2), dilation=1,
+              transposed=False, output_padding=0, groups=1, output_mask=(True, False, False))
+    executor = ops.prepare_convolution_backward(dy, x, w, **kw)
+    times = executor.kernels["grad_input"].metadata["para_dict"]["selection"]["times_ms"]
+    assert any(name.startswith("rows: ") for name in times), times
+    got = executor(dy, x, w)[0]
+    want = ref.convolution_backward(dy.astype(np.float64), x.astype(np.float64),
+                                    w.astype(np.float64), stride=[1, 2, 2], padding=[0, 2, 2],
+                                    dilation=[1] * 3, transposed=False,
+                                    output_padding=[0] * 3, groups=1,
+                                    output_mask=(True, False, False))[0]
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
