@@ -361,7 +361,7 @@ def _schedule_of(row: dict) -> str:
     if not selection:
         return "rule"
     choice = selection["choice"]  # "Heuristic(lanes=16, split_k=True)": the fields set
-    form, _, choice = choice.rpartition(": ")  # "direct: ", "dot: ", "rows: ": another form
+    form, _, choice = choice.rpartition(": ")  # "direct: ", "dot: ", "rows: ", "col: "
     if "lanes=" not in choice:  # a form's rule, its own knobs
         return form or "rule"
     lanes = choice.split("lanes=")[1].split(",")[0].rstrip(")")
@@ -584,8 +584,8 @@ def _main(args) -> int:
           f"{max(peaks):.0f} over the rows). Winograd kernels count the direct form's flops.")
     print("schedule: L8/L16 the 8- or 16-lane heuristic that measured selection chose (a8: at "
           "most 8 accumulators, +K: split K, +W: whole reduction per tile, +G: GEMM tile, +R: "
-          "row by row), direct:/dot:/rows: of the form without Winograd / of dot products over "
-          "positions / along rows, one per tap, record: a stored tuning record, rule: the untimed rule; build s "
+          "row by row), direct:/dot:/rows:/col: of the form without Winograd / of dot products "
+          "over positions / along rows, one per tap / a GEMM over an im2col matrix, record: a stored tuning record, rule: the untimed rule; build s "
           "includes the selection")
     slowest = sorted(rows, key=lambda r: -r["compile_s"])[:3]
     print("slowest first builds (selection included): " + ", ".join(

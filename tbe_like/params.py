@@ -354,6 +354,36 @@ class RowsFilterParams:
     row: int
 
 
+# The framework operators' weight gradient of a layer of few positions as one GEMM over the
+# im2col matrix of x, written in the user's layout (``tbe_like.ops.kernels.grad_weight_col``).
+FILTER_COL_OP = "conv3d_backprop_filter_col"
+
+
+@dataclass(frozen=True)
+class ColFilterParams:
+    """The sizes of a GEMM weight gradient (``FILTER_COL_OP``): ``dW[co, f]`` over
+    ``positions`` (N*Do*Ho*Wo) rows, ``f`` the ``columns`` = Cin*kd*kh*kw of a filter."""
+
+    cout: int
+    columns: int
+    positions: int
+
+
+# The framework operators' input gradient of a layer of few positions as one GEMM into the
+# im2col matrix of dX, then added up into dX (``tbe_like.ops.kernels.grad_input_col``).
+INPUT_COL_OP = "conv3d_backprop_input_col"
+
+
+@dataclass(frozen=True)
+class ColInputParams:
+    """The sizes of a GEMM input gradient (``INPUT_COL_OP``): ``cols[m, f]`` over ``cout``
+    channels, ``positions`` (N*Do*Ho*Wo) rows, ``columns`` = Cin*kd*kh*kw."""
+
+    cout: int
+    columns: int
+    positions: int
+
+
 # The framework operators' input gradient of a layer of few input channels, one stride phase of
 # dX at a time with dX's rows as the vector axis (``tbe_like.ops.kernels.grad_input_rows``).
 INPUT_ROWS_OP = "conv3d_backprop_input_rows"

@@ -29,6 +29,18 @@ DW_ROWS_DY = "dw_rows_dy"  # dy's rows zero-padded to whole vectors, where Wo is
 DW_ROWS = "dw_rows"  # (Cout, Cin, kd, kh, kw) float32: sum over (n, do, ho, wo) of dy * x
 DW_ROWS_CAST = "dw_rows_cast"  # the result in the arrays' dtype, where that is not float32
 
+# The weight gradient of a layer of few positions as one GEMM over x's im2col matrix (CPU
+# kernels of tbe_like.ops, ``kernels.grad_weight_col``), in the user's layout
+DW_COL_X = "dw_col_x"  # x's im2col matrix (N*Do*Ho*Wo, Cin, kd, kh, kw), zero at padding
+DW_COL = "dw_col"  # (Cout, Cin, kd, kh, kw) float32: sum over positions of dy * x_col
+DW_COL_CAST = "dw_col_cast"  # the result in the arrays' dtype, where that is not float32
+
+# The input gradient of a layer of few positions as one GEMM into dX's im2col matrix (CPU
+# kernels of tbe_like.ops, ``kernels.grad_input_col``)
+DX_COL = "dx_col"  # (N*Do*Ho*Wo, Cin, kd, kh, kw) float32: sum over co of dy * W
+DX_COL_RES = "dx_col_res"  # dX (N, Cin, D, H, W): each position's sum over the taps reaching it
+DX_COL_CAST = "dx_col_cast"  # the result in the arrays' dtype, where that is not float32
+
 # The input gradient of a layer of few input channels, one stride phase of dX at a time, dX's
 # rows the vector axis (CPU kernels of tbe_like.ops, ``kernels.grad_input_rows``)
 DX_ROWS_DY = "dx_rows_dy"  # dy zero-padded by the taps' reach, (N, Cout, D', H', W')

@@ -63,7 +63,7 @@ def test_only_small_pointwise_layers_have_the_form():
     pointwise = conv3d(1, 16, (4, 8, 16), 24, (1, 1, 1), stride=2, pad=0)
     forms = _other_forms(graph_of("grad_weight", pointwise, prec, target=TARGET),
                          "grad_weight", pointwise, prec, False, TARGET)
-    assert list(forms) == ["dot"]
+    assert "dot" in forms
     for conv in (conv3d(1, 16, (4, 8, 16), 24, (3, 3, 3)),  # taps
                  conv3d(1, 16, (4, 8, 16), 24, (1, 1, 1), pad=1),  # padding
                  conv3d(1, 16, (2, 7, 7), 24, (1, 1, 1), pad=0),  # 98 positions

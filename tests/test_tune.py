@@ -295,11 +295,12 @@ def test_measured_selection_races_the_direct_form_too(measuring, monkeypatch, ki
     from tbe_like.ops.convolution_backward import _other_forms
 
     target = host_target()
-    conv = kernels.Conv3d(1, 16, 16, (2, 4, 7), (2, 4, 7), (3, 3, 3), (1, 1, 1), (1,) * 6,
+    # (272 positions: more than the col forms take, ``kernels.col_applies``)
+    conv = kernels.Conv3d(1, 16, 16, (2, 8, 17), (2, 8, 17), (3, 3, 3), (1, 1, 1), (1,) * 6,
                           (1, 1, 1), 1)
     prec = kernels.Precision("float32", "float32")
     graph = graph_of(kind, conv, prec, target=target)
-    assert kernels.uses_winograd(graph)
+    assert kernels.uses_winograd(graph) and not kernels.col_applies(conv)
     forms = _other_forms(graph, kind, conv, prec, False, target)
     assert list(forms) == ["direct"] and not kernels.uses_winograd(forms["direct"])
     assert _other_forms(forms["direct"], kind, conv, prec, False, target) == {}

@@ -267,7 +267,10 @@ def _other_forms(graph: kernels.Graph, kind: str, conv: kernels.Conv3d,
     gradient of a layer of 1-4 input channels as dot products along rows, one per tap
     (``kernels.grad_weight_rows``: SlowFast's fast stem 10.6 -> 3.9 ms, X3D's 7.2 -> 4.4 ms,
     Zen 4) and its input gradient one stride phase at a time (``kernels.grad_input_rows``: the
-    fast stem 32.5 -> 3.2 ms, I3D's 39 -> 6.4 ms)."""
+    fast stem 32.5 -> 3.2 ms, I3D's 39 -> 6.4 ms), and either gradient of a layer of at most
+    256 positions as one GEMM over an im2col matrix in the user's layout
+    (``kernels.grad_weight_col``, ``grad_input_col``: c3d conv4a's input gradient 3.3 ->
+    0.8 ms; slower where the filter is tens of MB, hence the race)."""
     forms = {}
     if kernels.uses_winograd(graph):
         forms["direct"] = graph_of(kind, conv, prec, transposed, None)
@@ -277,6 +280,12 @@ def _other_forms(graph: kernels.Graph, kind: str, conv: kernels.Conv3d,
     if (kind == "grad_weight" and str(target.kind.name) == "llvm"
             and kernels.rows_applies(conv)):
         forms["rows"] = kernels.grad_weight_rows(conv, prec, _weight_names(transposed))
+    if (kind == "grad_weight" and str(target.kind.name) == "llvm"
+            and kernels.col_applies(conv)):
+        forms["col"] = kernels.grad_weight_col(conv, prec, _weight_names(transposed))
+    if (kind == "grad_input" and str(target.kind.name) == "llvm"
+            and kernels.col_applies(conv)):
+        forms["col"] = kernels.grad_input_col(conv, prec)
     if (kind == "grad_input" and str(target.kind.name) == "llvm"
             and kernels.input_rows_applies(conv)):
         forms["rows"] = kernels.grad_input_rows(conv, prec)

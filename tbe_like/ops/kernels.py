@@ -30,13 +30,17 @@ from ..compute.conv3d_backprop_input import conv3d_forward, result_periods
 from ..groups import GroupInfo, group_info
 from ..kernel import Kernel, TensorSpec, export_kernel
 from ..params import (
+    FILTER_COL_OP,
     FILTER_DOT_OP,
     FILTER_OP,
     FILTER_ROWS_OP,
+    INPUT_COL_OP,
     INPUT_OP,
     INPUT_ROWS_OP,
     BackpropFilterParams,
     BackpropInputParams,
+    ColFilterParams,
+    ColInputParams,
     ConvGeometry,
     DotFilterParams,
     RowsFilterParams,
@@ -446,6 +450,147 @@ def grad_weight_rows(conv: Conv3d, prec: Precision,
                  flops=conv.flops())
 
 
+# Positions (N*Do*Ho*Wo) up to which the weight gradient is also built as one GEMM over x's
+# im2col matrix (``grad_weight_col``): a late stage's small maps, whose dW is the big array.
+COL_MAX_POSITIONS = 256
+# ... and bytes of that matrix, at most.
+COL_MAX_BYTES = 8 << 20
+
+
+def col_applies(conv: Conv3d) -> bool:
+    """Whether ``grad_weight_col`` builds ``conv``'s weight gradient: no groups, at most
+    ``COL_MAX_POSITIONS`` positions, a filter row (Cin*kd*kh*kw) of whole vectors
+    (``ROWS_LANES``), an im2col matrix within ``COL_MAX_BYTES``."""
+    positions = conv.batch * math.prod(conv.out_spatial)
+    columns = conv.cin * math.prod(conv.kernel)
+    return (conv.groups == 1 and positions <= COL_MAX_POSITIONS
+            and columns % ROWS_LANES == 0 and 4 * positions * columns <= COL_MAX_BYTES)
+
+
+def grad_weight_col(conv: Conv3d, prec: Precision,
+                    names=("input", "grad_output", "grad_weight")) -> Graph:
+    """dW of a layer of few positions (:func:`col_applies`) as one GEMM, written in the user's
+    OIDHW layout::
+
+        dW[co, f] = sum over positions m of dy[m, co] * x_col[m, f],  f = (ci, kd, kh, kw)
+
+    x's im2col matrix (``stages.DW_COL_X``) is small where positions are few, and a row of it
+    is contiguous along a filter's (ci, kd, kh, kw), as dW's rows are: the columns are the
+    vector axis, dy broadcast from the user's array. Every cell of dW (here the big array:
+    512 x 921 x 9 on a 4x4 map) is written once, where it is computed; the packed form wrote
+    FRACTAL_Z_3D blocks and unpacked them.
+    """
+    x = _placeholder(conv.x_shape, names[0], prec.dtype)
+    dy = _placeholder(conv.y_shape, names[1], prec.dtype)
+    convert = prec.convert()
+    (sd, sh, sw), (dd, dh, dw) = conv.strides, conv.dilations
+    front, top, left = conv.pads[0], conv.pads[2], conv.pads[4]
+    do, ho, wo = conv.out_spatial
+    positions = conv.batch * do * ho * wo
+    zero = tirx.const(0, prec.dtype)
+    in_d, in_h, in_w = conv.in_spatial
+
+    def at(m):
+        return m // (do * ho * wo), m // (ho * wo) % do, m // wo % ho, m % wo
+
+    kd, kh, kw = conv.kernel
+    taps = kd * kh * kw
+
+    def col_body(m, f):
+        n, od, oh, ow = at(m)
+        y = f % taps  # (ci, a, b, c) of column f, in the nested form that flattens to f
+        z = y % (kh * kw)
+        a, b, c = y // (kh * kw), z // kw, z % kw
+        d, h, w = od * sd + a * dd - front, oh * sh + b * dh - top, ow * sw + c * dw - left
+        inside = tirx.all(d >= 0, d < in_d, h >= 0, h < in_h, w >= 0, w < in_w)
+        return tirx.if_then_else(inside, x[n, f // taps, tirx.max(tirx.min(d, in_d - 1), 0),
+                                           tirx.max(tirx.min(h, in_h - 1), 0),
+                                           tirx.max(tirx.min(w, in_w - 1), 0)], zero)
+
+    xcol = te.compute((positions, conv.cin * taps), col_body, name=stages.DW_COL_X,
+                      tag=stages.tag(FILTER_COL_OP, "x"))
+    rm = te.reduce_axis((0, positions), name="m")
+
+    def body(co, f):
+        n, od, oh, ow = at(rm)
+        left_ = convert(dy[n, co, od, oh, ow]).astype(ACC_DTYPE)
+        return te.sum(left_ * convert(xcol[rm, f]).astype(ACC_DTYPE), axis=[rm])
+
+    # (Cout, Cin*kd*kh*kw): 2-D, so that a vector of columns is one contiguous access (with
+    # five axes fused, TVM left part of the loads and stores element by element).
+    acc = te.compute((conv.cout, conv.cin * taps), body, name=stages.DW_COL,
+                     tag=stages.tag(FILTER_COL_OP, "gemm"))
+    out = te.compute(conv.w_shape, lambda co, ci, a, b, c: acc[co, ci * taps + (a * kh + b) * kw
+                                                               + c].astype(prec.dtype),
+                     name=stages.DW_COL_CAST, tag=stages.tag(FILTER_COL_OP, "cast"))
+    p = ColFilterParams(conv.cout, conv.cin * math.prod(conv.kernel), positions)
+    return Graph(FILTER_COL_OP, p, [x, dy], out, ["NCDHW", "NCDHW", "NCDHW"],
+                 flops=conv.flops())
+
+
+def grad_input_col(conv: Conv3d, prec: Precision,
+                   names=("grad_output", "weight", "grad_input")) -> Graph:
+    """dX of a layer of few positions (:func:`col_applies`) as one GEMM into dX's im2col
+    matrix, then each position of dX summed over the taps that reach it::
+
+        cols[m, f] = sum over co of dy[m, co] * W[co, f],   f = (ci, kd, kh, kw)
+        dX[n, ci, d, h, w] = sum over taps t reaching (d, h, w) of cols[m(t), ci, t]
+
+    A row of the user's filter is contiguous along f, as a row of ``cols`` is: the columns
+    are the vector axis, dy broadcast, and the filter (here the big array: 512 x 256 x 27 on
+    a 3x3 map) is read in place, once per tile of positions; the packed form flipped it into
+    a copy first. ``cols`` is small where positions are few.
+    """
+    dy = _placeholder(conv.y_shape, names[0], prec.dtype)
+    w = _placeholder(conv.w_shape, names[1], prec.dtype)
+    convert = prec.convert()
+    (sd, sh, sw), (dd, dh, dw) = conv.strides, conv.dilations
+    front, top, left = conv.pads[0], conv.pads[2], conv.pads[4]
+    do, ho, wo = conv.out_spatial
+    positions = conv.batch * do * ho * wo
+    rco = te.reduce_axis((0, conv.cout), name="co")
+
+    kd, kh, kw = conv.kernel
+    taps = kd * kh * kw
+
+    def col_body(m, f):
+        n, od, oh, ow = m // (do * ho * wo), m // (ho * wo) % do, m // wo % ho, m % wo
+        y = f % taps
+        z = y % (kh * kw)
+        left_ = convert(dy[n, rco, od, oh, ow]).astype(ACC_DTYPE)
+        right = convert(w[rco, f // taps, y // (kh * kw), z // kw, z % kw]).astype(ACC_DTYPE)
+        return te.sum(left_ * right, axis=[rco])
+
+    cols = te.compute((positions, conv.cin * taps), col_body, name=stages.DX_COL,
+                      tag=stages.tag(INPUT_COL_OP, "gemm"))
+    ra = te.reduce_axis((0, kd), name="a")
+    rb = te.reduce_axis((0, kh), name="b")
+    rc = te.reduce_axis((0, kw), name="c")
+    zero = tirx.const(0, ACC_DTYPE)
+
+    def res_body(n, ci, d, h, x):
+        # The dy position that tap (a, b, c) of position (d, h, x) comes from, if any.
+        pd_, ph_, pw_ = d + front - ra * dd, h + top - rb * dh, x + left - rc * dw
+        od, oh, ow = pd_ // sd, ph_ // sh, pw_ // sw
+        valid = tirx.all(pd_ >= 0, pd_ % sd == 0, od < do, ph_ >= 0, ph_ % sh == 0, oh < ho,
+                         pw_ >= 0, pw_ % sw == 0, ow < wo)
+        m = ((n * do + tirx.max(tirx.min(od, do - 1), 0)) * ho
+             + tirx.max(tirx.min(oh, ho - 1), 0)) * wo + tirx.max(tirx.min(ow, wo - 1), 0)
+        return te.sum(tirx.if_then_else(valid, cols[m, ci * taps + (ra * kh + rb) * kw + rc],
+                                         zero),
+                      axis=[ra, rb, rc])
+
+    acc = te.compute(conv.x_shape, res_body, name=stages.DX_COL_RES,
+                     tag=stages.tag(INPUT_COL_OP, "res"))
+    out = acc
+    if prec.dtype != ACC_DTYPE:
+        out = te.compute(conv.x_shape, lambda *i: acc[i].astype(prec.dtype),
+                         name=stages.DX_COL_CAST, tag=stages.tag(INPUT_COL_OP, "cast"))
+    p = ColInputParams(conv.cout, conv.cin * math.prod(conv.kernel), positions)
+    return Graph(INPUT_COL_OP, p, [dy, w], out, ["NCDHW", "NCDHW", "NCDHW"],
+                 flops=conv.flops())
+
+
 # Stride phases of dX up to which its input gradient is also built phase by phase
 # (``grad_input_rows``): a stage each.
 ROWS_MAX_PHASES = 8
@@ -733,7 +878,7 @@ def alternative_candidates(graph: Graph, target: Target) -> list:
     width candidates are left to the kernel's own form: each costs a compile."""
     from ..schedules import candidates
 
-    if graph.op in (FILTER_DOT_OP, FILTER_ROWS_OP, INPUT_ROWS_OP):  # both widths' tiles
+    if graph.op in (FILTER_DOT_OP, FILTER_COL_OP, INPUT_COL_OP, *ROWS_OPS):  # both widths
         return candidates(graph.op, target)
     return [None, *(k for k in candidates(graph.op, target) if getattr(k, "gemm", None))]
 

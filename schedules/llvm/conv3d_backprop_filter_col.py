@@ -1,0 +1,73 @@
+"""LLVM CPU schedule for the weight gradient of a layer of few positions as one GEMM over x's
+im2col matrix (``FILTER_COL_OP``, ``tbe_like.ops.kernels.grad_weight_col``).
+
+``dW[co, f] = sum over positions m of dy[m, co] * x_col[m, f]``, ``f`` a filter's
+(ci, kd, kh, kw), contiguous in both x_col and the user's dW. A GEMM micro-kernel:
+
+    parallel over (output-channel tiles, column tiles)
+      for m                                      the few positions
+        register tile: co_tile x vectors of f    co_tile broadcasts of dy, the vectors of x_col
+      write the tile's cells of dW               once, in the user's layout
+
+x_col is built first (positions in parallel, its rows vectorized where a row is W's columns).
+"""
+
+from __future__ import annotations
+
+from tbe_like import stages
+from tbe_like.params import FILTER_COL_OP, ColFilterParams
+from tbe_like.target import vector_lanes, vector_registers
+
+from ..common import (
+    HEURISTIC_LANES,
+    Heuristic,
+    divisors,
+    fuse_parallel_vectorize,
+    parallel,
+)
+from ..registry import register
+
+# Output channels of a register tile, at most.
+TILE_CHANNELS = 8
+
+
+def tile(cout: int, vectors: int, registers: int) -> tuple[int, int]:
+    """(output channels, vectors of columns) of the register tile, divisors of ``cout`` and
+    of the filter row's ``vectors``: the most accumulators that fit in ``registers`` beside
+    the vectors of x_col and a broadcast of dy, then the fewest loads per multiply-add."""
+    fits = [(co, v) for co in divisors(cout) for v in divisors(vectors)
+            if co <= TILE_CHANNELS and co * v + v + 1 <= registers]
+    return max(fits, key=lambda t: (t[0] * t[1], -(t[0] + t[1])))
+
+
+def candidates(target) -> list[Heuristic]:
+    """Either vector width's tile."""
+    del target
+    return [Heuristic(lanes) for lanes in HEURISTIC_LANES]
+
+
+@register(FILTER_COL_OP, "llvm", candidates=candidates)
+def schedule(sch, p: ColFilterParams, target, knobs: Heuristic | None = None):
+    """``knobs``: a :class:`Heuristic` (default, and for ``SAMPLE``: the target's vector
+    width; measured selection times both widths)."""
+    lanes = knobs.lanes if isinstance(knobs, Heuristic) else vector_lanes(target)
+    col = sch.get_sblock(stages.DW_COL_X)
+    m, *_ = sch.get_loops(col)
+    parallel(sch, [m], target)
+    gemm = sch.get_sblock(stages.DW_COL)
+    co, f, m = sch.get_loops(gemm)
+    co_t, vectors = tile(p.cout, p.columns // lanes, vector_registers(target))
+    co_o, co_i = sch.split(co, [None, co_t])
+    f_o, f_v, lane = sch.split(f, [None, vectors, lanes])
+    sch.reorder(co_o, f_o, m, co_i, f_v, lane)
+    parallel(sch, [co_o, f_o], target)
+    sch.unroll(co_i)
+    sch.unroll(f_v)
+    sch.vectorize(lane)
+    init = sch.decompose_reduction(gemm, m)
+    sch.vectorize(sch.get_loops(init)[-1])
+    # The result in the user's layout (and dtype): a pass of its own, output channels in
+    # parallel. (Under a task, its region of (ci, kd, kh, kw) would be the box around the
+    # task's columns: cells of other tasks' that it would read mid-sum.)
+    fuse_parallel_vectorize(sch, stages.DW_COL_CAST, 1, target)
+    return sch
