@@ -362,6 +362,8 @@ def _schedule_of(row: dict) -> str:
         return "rule"
     choice = selection["choice"]  # "Heuristic(lanes=16, split_k=True)": the fields set
     form, _, choice = choice.rpartition(": ")  # "direct: ", "dot: ", "rows: ", "col: "
+    if choice == "shipped record":  # a shipped record raced against the other forms
+        return "record"
     if "lanes=" not in choice:  # a form's rule, its own knobs
         return form or "rule"
     lanes = choice.split("lanes=")[1].split(",")[0].rstrip(")")

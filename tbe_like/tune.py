@@ -605,6 +605,10 @@ def measured_schedule(func, schedule_with: Callable[[Any, Any], Any], candidates
     return sch, selection
 
 
+# The knobs that stand for a shipped record's schedule in a selection (:func:`plan`).
+SHIPPED = "shipped record"
+
+
 def plan(func, schedule_with: Callable[[Any, Any], Any], candidates: list, target: Target,
          symbol: str = "main", alternatives: tuple[Form, ...] = ()
          ) -> tuple[Any, str, Selection | None]:
@@ -612,15 +616,36 @@ def plan(func, schedule_with: Callable[[Any, Any], Any], candidates: list, targe
     of the ``alternatives``, the first records folder's, fastest first), else on a CPU the
     fastest of ``candidates`` (and of the alternatives') measured here (``"measured"``,
     :func:`measured_schedule`; for arguments up to ``MEASURE_MAX_BYTES``), else the rule's
-    default (``"rule"``). Returns the schedule,
-    its origin and the selection."""
+    default (``"rule"``). Records shipped with the package, where they are all there is and
+    the kernel has other forms, are measured here against those forms (``"measured"``, the
+    record's schedule named ``SHIPPED``). Returns the schedule, its origin and the
+    selection."""
     from ._tvm import s_tir
 
-    found = [f for f in (_lookup(form.func, target) for form in (
-        Form("", func, schedule_with, candidates), *alternatives)) if f is not None]
+    forms = [Form("", func, schedule_with, candidates), *alternatives]
+    found = [(f, i) for i, f in enumerate(_lookup(form.func, target) for form in forms)
+             if f is not None]
+    measure = measuring(target) and argument_bytes(func) <= MEASURE_MAX_BYTES
     if found:
-        return min(found, key=lambda f: f[1])[0], "record", None
-    if measuring(target) and argument_bytes(func) <= MEASURE_MAX_BYTES:
+        (best, _), index = min(found, key=lambda fi: fi[0][1])
+        shipped = all(f[1][0] == len(records_dirs()) - 1 for f, _ in found)
+        if not (measure and alternatives and shipped):
+            return best, "record", None
+        # Only records shipped with the package: tuned before the kernel had some of its
+        # forms (c3d conv4b's shipped input gradient took 7.5 ms, its col form 2.1). Measured
+        # selection races the record's schedule against the other forms, once: the winner
+        # goes to the user's records, which come first.
+        form = forms[index]
+
+        def with_record(sch, knobs, best=best, form=form):
+            return best if knobs == SHIPPED else form.schedule_with(sch, knobs)
+
+        forms[index] = Form(form.name, form.func, with_record, [SHIPPED])
+        first, *others = forms
+        sch, selection = measured_schedule(func, first.schedule_with, first.candidates, target,
+                                           symbol=symbol, alternatives=tuple(others))
+        return sch, "measured", selection
+    if measure:
         sch, selection = measured_schedule(func, schedule_with, candidates, target,
                                            symbol=symbol, alternatives=alternatives)
         return sch, "rule" if selection is None else "measured", selection

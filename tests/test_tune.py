@@ -320,6 +320,44 @@ def test_measured_selection_races_the_direct_form_too(measuring, monkeypatch, ki
     np.testing.assert_allclose(second(*arrays), first(*arrays), rtol=1e-5, atol=1e-5)
 
 
+def test_a_shipped_record_is_raced_once_against_the_other_forms(measuring, monkeypatch):
+    """A record shipped with the package predates the kernel's other forms: the first build
+    times its schedule against them and stores the winner in the user's records; the next
+    build replays that without timing."""
+    from tbe_like import tune
+    from tbe_like.ops.convolution_backward import _other_forms
+
+    target = host_target()
+    conv = kernels.Conv3d(1, 32, 48, (2, 4, 4), (2, 4, 4), (3, 3, 3), (1, 1, 1), (1,) * 6,
+                          (1, 1, 1), 1)  # few positions: a col form
+    prec = kernels.Precision("float32", "float32")
+    graph = graph_of("grad_input", conv, prec)  # no Winograd: one packed form
+    forms = _other_forms(graph, "grad_input", conv, prec, False, target)
+    assert list(forms) == ["col"]
+    # The packed form's fastest tile, as a record in a folder standing for the package's.
+    from tbe_like.schedules import candidates
+
+    shipped = measuring / "shipped"
+    func = kernels.prim_func(graph)
+    tune.measured_schedule(func, lambda s, k: kernels.schedule(s, graph, target, k),
+                           candidates(graph.op, target), target, records=shipped)
+    monkeypatch.setattr(tune, "SHIPPED_RECORDS", shipped)
+    monkeypatch.delenv("TBE_LIKE_RECORDS")
+    assert tune.records_dirs()[-1] == shipped and lookup(func, target) is not None
+    first = kernels.build(graph, target, measuring / "k1", "first", graph.op, {},
+                          alternatives=forms)
+    times = first.metadata["para_dict"]["selection"]["times_ms"]
+    assert tune.SHIPPED in times and any(name.startswith("col: ") for name in times), times
+    second = kernels.build(graph, target, measuring / "k2", "second", graph.op, {},
+                           alternatives=forms)
+    assert second.metadata["para_dict"]["tuned"] and "selection" not in (
+        second.metadata["para_dict"])
+    rng = np.random.default_rng(13)
+    arrays = [rng.standard_normal([int(v) for v in t.shape]).astype(np.float32)
+              for t in graph.inputs]
+    np.testing.assert_allclose(second(*arrays), first(*arrays), rtol=1e-5, atol=1e-5)
+
+
 def test_measure_0_takes_the_untimed_rule(measuring, monkeypatch):
     monkeypatch.setenv("TBE_LIKE_MEASURE", "0")
     graph = graph_of("grad_weight", CONV, kernels.Precision("float32", "float32"))
