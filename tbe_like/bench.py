@@ -587,7 +587,8 @@ def _main(args) -> int:
     print("schedule: L8/L16 the 8- or 16-lane heuristic that measured selection chose (a8: at "
           "most 8 accumulators, +K: split K, +W: whole reduction per tile, +G: GEMM tile, +R: "
           "row by row), direct:/dot:/rows:/col: of the form without Winograd / of dot products "
-          "over positions / along rows, one per tap / a GEMM over an im2col matrix, record: a stored tuning record, rule: the untimed rule; build s "
+          "over positions / along rows, one per tap / a GEMM over an im2col matrix, record: "
+          "a stored tuning record, rule: the untimed rule; build s "
           "includes the selection")
     slowest = sorted(rows, key=lambda r: -r["compile_s"])[:3]
     print("slowest first builds (selection included): " + ", ".join(

@@ -31,13 +31,13 @@ DW_ROWS_CAST = "dw_rows_cast"  # the result in the arrays' dtype, where that is 
 
 # The weight gradient of a layer of few positions as one GEMM over x's im2col matrix (CPU
 # kernels of tbe_like.ops, ``kernels.grad_weight_col``), in the user's layout
-DW_COL_X = "dw_col_x"  # x's im2col matrix (N*Do*Ho*Wo, Cin, kd, kh, kw), zero at padding
-DW_COL = "dw_col"  # (Cout, Cin, kd, kh, kw) float32: sum over positions of dy * x_col
-DW_COL_CAST = "dw_col_cast"  # the result in the arrays' dtype, where that is not float32
+DW_COL_X = "dw_col_x"  # x's im2col matrix (N*Do*Ho*Wo, Cin*kd*kh*kw), zero at padding
+DW_COL = "dw_col"  # (Cout, Cin*kd*kh*kw) float32: sum over positions of dy * x_col
+DW_COL_CAST = "dw_col_cast"  # the result in the user's OIDHW layout and the arrays' dtype
 
 # The input gradient of a layer of few positions as one GEMM into dX's im2col matrix (CPU
 # kernels of tbe_like.ops, ``kernels.grad_input_col``)
-DX_COL = "dx_col"  # (N*Do*Ho*Wo, Cin, kd, kh, kw) float32: sum over co of dy * W
+DX_COL = "dx_col"  # (N*Do*Ho*Wo, Cin*kd*kh*kw) float32: sum over co of dy * W
 DX_COL_RES = "dx_col_res"  # dX (N, Cin, D, H, W): each position's sum over the taps reaching it
 DX_COL_CAST = "dx_col_cast"  # the result in the arrays' dtype, where that is not float32
 

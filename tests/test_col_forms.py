@@ -10,13 +10,13 @@ import pytest
 from conftest import NP_DTYPES, RTOL
 from tbe_like.schedules import Heuristic
 from tbe_like.schedules.common import HEURISTIC_LANES
+from tbe_like.schedules.llvm.conv3d_backprop_filter_col import tile
 
 from tbe_like import ops
 from tbe_like._tvm import IRModule, s_tir, tvm
 from tbe_like.bounds import compile_checked
 from tbe_like.ops import kernels
 from tbe_like.ops.convolution_backward import _other_forms, graph_of
-from tbe_like.schedules.llvm.conv3d_backprop_filter_col import tile
 from tbe_like.target import host_target
 from tbe_like.testing import reference as ref
 

@@ -11,13 +11,13 @@ import pytest
 from conftest import NP_DTYPES, RTOL, conv3d
 from tbe_like.schedules import Heuristic
 from tbe_like.schedules.common import HEURISTIC_LANES
+from tbe_like.schedules.llvm.conv3d_backprop_filter_rows import tile
 
 from tbe_like import ops, stages
 from tbe_like._tvm import IRModule, s_tir, tvm
 from tbe_like.bounds import compile_checked
 from tbe_like.ops import kernels
 from tbe_like.ops.convolution_backward import _other_forms, graph_of
-from tbe_like.schedules.llvm.conv3d_backprop_filter_rows import tile
 from tbe_like.target import host_target
 from tbe_like.testing import reference as ref
 

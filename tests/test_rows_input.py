@@ -11,13 +11,13 @@ import pytest
 from conftest import NP_DTYPES, RTOL, conv3d
 from tbe_like.schedules import Heuristic
 from tbe_like.schedules.common import HEURISTIC_LANES
+from tbe_like.schedules.llvm.conv3d_backprop_input_rows import vectors
 
 from tbe_like import ops
 from tbe_like._tvm import IRModule, s_tir, tvm
 from tbe_like.bounds import compile_checked
 from tbe_like.ops import kernels
 from tbe_like.ops.convolution_backward import _other_forms, graph_of
-from tbe_like.schedules.llvm.conv3d_backprop_input_rows import vectors
 from tbe_like.target import host_target
 from tbe_like.testing import reference as ref
 
@@ -59,7 +59,7 @@ def _reference(conv, dy, w):
     for a in range(kd):
         for b in range(kh):
             for c in range(kw):
-                # contribution[n, ci, od, oh, ow] = sum_co dy[n, co, od, oh, ow] * w[co, ci, a, b, c]
+                # part[n, ci, od, oh, ow] = sum over co of dy[n, co, od, oh, ow] * w[co, ci, tap]
                 part = np.einsum("nodhw,oc->ncdhw", dy64, w64[:, :, a, b, c])
                 for od in range(do):
                     d = od * sd + a * dd - front

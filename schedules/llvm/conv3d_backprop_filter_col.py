@@ -7,9 +7,10 @@ im2col matrix (``FILTER_COL_OP``, ``tbe_like.ops.kernels.grad_weight_col``).
     parallel over (output-channel tiles, column tiles)
       for m                                      the few positions
         register tile: co_tile x vectors of f    co_tile broadcasts of dy, the vectors of x_col
-      write the tile's cells of dW               once, in the user's layout
+      write the tile's cells of the 2-D product
 
-x_col is built first (positions in parallel, its rows vectorized where a row is W's columns).
+x_col is built first (positions in parallel); a last pass copies the product to the user's
+OIDHW layout and dtype (output channels in parallel).
 """
 
 from __future__ import annotations

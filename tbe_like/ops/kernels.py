@@ -398,7 +398,7 @@ def grad_weight_rows(conv: Conv3d, prec: Precision,
     x = _placeholder(conv.x_shape, names[0], prec.dtype)
     dy = _placeholder(conv.y_shape, names[1], prec.dtype)
     convert = prec.convert()
-    (kd, kh, kw), (sd, sh, sw), (dd, dh, dw) = conv.kernel, conv.strides, conv.dilations
+    kw, (sd, sh, sw), (dd, dh, dw) = conv.kernel[2], conv.strides, conv.dilations
     front, top, left = conv.pads[0], conv.pads[2], conv.pads[4]
     do, ho, wo = conv.out_spatial
     row = -(-wo // ROWS_LANES) * ROWS_LANES
@@ -476,9 +476,10 @@ def grad_weight_col(conv: Conv3d, prec: Precision,
 
     x's im2col matrix (``stages.DW_COL_X``) is small where positions are few, and a row of it
     is contiguous along a filter's (ci, kd, kh, kw), as dW's rows are: the columns are the
-    vector axis, dy broadcast from the user's array. Every cell of dW (here the big array:
-    512 x 921 x 9 on a 4x4 map) is written once, where it is computed; the packed form wrote
-    FRACTAL_Z_3D blocks and unpacked them.
+    vector axis, dy broadcast from the user's array. The product is a 2-D stage, copied to the
+    user's OIDHW layout (and dtype) by a pass of its own (``stages.DW_COL_CAST``): with the
+    filter's five axes fused into the vector axis, TVM left part of the accesses element by
+    element.
     """
     x = _placeholder(conv.x_shape, names[0], prec.dtype)
     dy = _placeholder(conv.y_shape, names[1], prec.dtype)
@@ -640,7 +641,7 @@ def grad_input_rows(conv: Conv3d, prec: Precision,
     """dX of a layer of few input channels (:func:`input_rows_applies`), one stride phase of
     dX at a time, on the user's NCDHW arrays::
 
-        dX_phase[n, ci, j...] = sum over (co, taps of the phase) of dy[n, co, j - t] * W[co, ci, tap]
+        dX_phase[n, ci, j...] = sum over (co, phase taps t) of dy[n, co, j - t] * W[co, ci, t]
 
     The columns of a phase's rows are the vector axis and the weights are broadcast, so dX's
     1-4 channels fill every lane; the packed form gave each of them a block of 16 channels
