@@ -83,6 +83,28 @@ def conv3d(n, cin, spatial, cout, kernel, stride=1, pad=1, dil=1, groups=1):
                           (pad,) * 6, (dil,) * 3, groups)
 
 
+def run_form(graph, lanes: int, args) -> np.ndarray:
+    """Run a framework kernel's graph scheduled with ``Heuristic(lanes)``, compiled for this
+    host under the bounds proof, on the NumPy ``args``: its result (computed into an array of
+    NaN, so a cell the kernel never writes shows) as float64."""
+    from tbe_like.schedules import Heuristic
+
+    from tbe_like._tvm import IRModule, s_tir
+    from tbe_like._tvm import tvm as tvm_
+    from tbe_like.bounds import compile_checked
+    from tbe_like.ops import kernels
+    from tbe_like.target import host_target
+
+    target = host_target()
+    sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})), graph,
+                           target, Heuristic(lanes))
+    dev = tvm_.cpu()
+    shape = [int(d) for d in graph.output.shape]
+    out = tvm_.runtime.tensor(np.full(shape, np.nan, NP_DTYPES[str(graph.output.dtype)]), dev)
+    compile_checked(sch.mod, target)["main"](*(tvm_.runtime.tensor(a, dev) for a in args), out)
+    return out.numpy().astype(np.float64)
+
+
 def stage_names(tensor) -> set[str]:
     """The names of every stage a result is computed from (itself included)."""
     from tbe_like.stages import stage_names as names

@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import NP_DTYPES, RTOL
-from tbe_like.schedules import Heuristic
+from conftest import NP_DTYPES, RTOL, run_form
 from tbe_like.schedules.common import HEURISTIC_LANES
 from tbe_like.schedules.llvm.conv3d_backprop_filter_col import tile
 
 from tbe_like import ops
-from tbe_like._tvm import IRModule, s_tir, tvm
-from tbe_like.bounds import compile_checked
 from tbe_like.ops import kernels
 from tbe_like.ops.convolution_backward import _other_forms, graph_of
 from tbe_like.target import host_target
@@ -44,15 +41,6 @@ CASES = {  # ((conv, padding for the reference), dtype)
 }
 
 
-def _run(graph, lanes, args, shape, dtype):
-    sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})), graph,
-                           TARGET, Heuristic(lanes))
-    dev = tvm.cpu()
-    out = tvm.runtime.tensor(np.full(shape, np.nan, NP_DTYPES[dtype]), dev)
-    compile_checked(sch.mod, TARGET)["main"](*(tvm.runtime.tensor(a, dev) for a in args), out)
-    return out.numpy().astype(np.float64)
-
-
 @pytest.mark.parametrize("lanes", HEURISTIC_LANES)
 @pytest.mark.parametrize("name", list(CASES))
 def test_every_tile_matches_reference(name, lanes):
@@ -67,9 +55,9 @@ def test_every_tile_matches_reference(name, lanes):
         dy.astype(np.float64), x.astype(np.float64), w.astype(np.float64),
         stride=list(conv.strides), padding=pad, dilation=list(conv.dilations),
         transposed=False, output_padding=[0, 0, 0], groups=1, output_mask=(True, True, False))
-    dw = _run(kernels.grad_weight_col(conv, prec), lanes, (x, dy), conv.w_shape, dtype)
+    dw = run_form(kernels.grad_weight_col(conv, prec), lanes, (x, dy))
     np.testing.assert_allclose(dw, dw_want, rtol=0, atol=RTOL[dtype] * np.abs(dw_want).max())
-    dx = _run(kernels.grad_input_col(conv, prec), lanes, (dy, w), conv.x_shape, dtype)
+    dx = run_form(kernels.grad_input_col(conv, prec), lanes, (dy, w))
     np.testing.assert_allclose(dx, dx_want, rtol=0, atol=RTOL[dtype] * np.abs(dx_want).max())
 
 

@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import NP_DTYPES, RTOL, conv3d
-from tbe_like.schedules import Heuristic
+from conftest import NP_DTYPES, RTOL, conv3d, run_form
 from tbe_like.schedules.common import HEURISTIC_LANES
 
 from tbe_like import ops
-from tbe_like._tvm import IRModule, s_tir, tvm
-from tbe_like.bounds import compile_checked
 from tbe_like.ops import kernels
 from tbe_like.ops.convolution_backward import _other_forms, graph_of
 from tbe_like.target import host_target
@@ -44,17 +41,11 @@ def test_every_tile_matches_reference(name, lanes):
     assert kernels.dot_applies(conv)
     prec = kernels.Precision.on(TARGET, dtype, dtype)
     graph = kernels.grad_weight_dot(conv, prec)
-    sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})), graph,
-                           TARGET, Heuristic(lanes))
     rng = np.random.default_rng(3)
     x = rng.standard_normal(conv.x_shape).astype(NP_DTYPES[dtype])
     dy = rng.standard_normal(conv.y_shape).astype(NP_DTYPES[dtype])
-    dev = tvm.cpu()
-    out = tvm.runtime.tensor(np.zeros(conv.w_shape, NP_DTYPES[dtype]), dev)
-    compile_checked(sch.mod, TARGET)["main"](tvm.runtime.tensor(x, dev),
-                                            tvm.runtime.tensor(dy, dev), out)
     want = _weight_gradient(conv, x, dy)
-    got = out.numpy().astype(np.float64)
+    got = run_form(graph, lanes, (x, dy))
     np.testing.assert_allclose(got, want, rtol=0, atol=RTOL[dtype] * np.abs(want).max())
 
 

@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import NP_DTYPES, RTOL, conv3d
-from tbe_like.schedules import Heuristic
+from conftest import NP_DTYPES, RTOL, conv3d, run_form
 from tbe_like.schedules.common import HEURISTIC_LANES
 from tbe_like.schedules.llvm.conv3d_backprop_filter_rows import tile
 
 from tbe_like import ops, stages
-from tbe_like._tvm import IRModule, s_tir, tvm
-from tbe_like.bounds import compile_checked
 from tbe_like.ops import kernels
 from tbe_like.ops.convolution_backward import _other_forms, graph_of
 from tbe_like.target import host_target
@@ -56,17 +53,11 @@ def test_every_tile_matches_reference(name, lanes):
     graph = kernels.grad_weight_rows(conv, prec)
     padded = conv.out_spatial[2] % kernels.ROWS_LANES != 0
     assert (stages.DW_ROWS_DY in stages.stage_names(graph.output)) == padded
-    sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})), graph,
-                           TARGET, Heuristic(lanes))
     rng = np.random.default_rng(5)
     x = rng.standard_normal(conv.x_shape).astype(NP_DTYPES[dtype])
     dy = rng.standard_normal(conv.y_shape).astype(NP_DTYPES[dtype])
-    dev = tvm.cpu()
-    out = tvm.runtime.tensor(np.zeros(conv.w_shape, NP_DTYPES[dtype]), dev)
-    compile_checked(sch.mod, TARGET)["main"](tvm.runtime.tensor(x, dev),
-                                            tvm.runtime.tensor(dy, dev), out)
     want = _weight_gradient(conv, x, dy)
-    got = out.numpy().astype(np.float64)
+    got = run_form(graph, lanes, (x, dy))
     np.testing.assert_allclose(got, want, rtol=0, atol=RTOL[dtype] * np.abs(want).max())
 
 
