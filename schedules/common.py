@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tbe_like._tvm import s_tir, tirx
+from tbe_like.target import vector_lanes
 
 # Pass as a rule's ``knobs`` to draw the knobs with ``sample_perfect_tile`` instead of fixing
 # them: the rule then describes a MetaSchedule search space (``tbe_like.tune``).
@@ -46,6 +47,19 @@ class Heuristic:
 
 # The vector widths the heuristics are sized for: AVX2 and AVX-512.
 HEURISTIC_LANES = (8, 16)
+
+
+def width_candidates(target) -> list[Heuristic]:
+    """What measured selection times for a rule whose only knob is the vector width: either
+    width's heuristic."""
+    del target
+    return [Heuristic(lanes) for lanes in HEURISTIC_LANES]
+
+
+def knob_lanes(knobs, target) -> int:
+    """The lanes a rule's ``knobs`` size it for: a :class:`Heuristic`'s, else (no knobs, or
+    ``SAMPLE`` for a rule without a search space of its own) the target's."""
+    return knobs.lanes if isinstance(knobs, Heuristic) else vector_lanes(target)
 
 
 def divisors(n: int) -> list[int]:
@@ -163,3 +177,15 @@ def schedule_winograd_transform(sch, name: str, block: int, target, point: int =
     parallel(sch, [a, b], target)
     sch.unroll(e)
     sch.vectorize(lanes)
+
+
+def sum_lanes_in_task(sch, rf, first, result, task, cast: str | None = None) -> None:
+    """Finish a reduction ``rfactor``-ed into a partial per vector lane (``rf``): its partials
+    zeroed before the reduction loop ``first`` (vectorized), then the lanes added into
+    ``result`` (and the block named ``cast`` converting it) under the parallel ``task`` that
+    summed them, while they are in cache."""
+    init = sch.decompose_reduction(rf, first)
+    sch.vectorize(sch.get_loops(init)[-1])
+    sch.reverse_compute_at(result, task)
+    if cast is not None:
+        sch.reverse_compute_at(sch.get_sblock(cast), task)

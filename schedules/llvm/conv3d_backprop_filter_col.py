@@ -17,14 +17,15 @@ from __future__ import annotations
 
 from tbe_like import stages
 from tbe_like.params import FILTER_COL_OP, ColFilterParams
-from tbe_like.target import vector_lanes, vector_registers
+from tbe_like.target import vector_registers
 
 from ..common import (
-    HEURISTIC_LANES,
     Heuristic,
     divisors,
     fuse_parallel_vectorize,
+    knob_lanes,
     parallel,
+    width_candidates,
 )
 from ..registry import register
 
@@ -41,32 +42,37 @@ def tile(cout: int, vectors: int, registers: int) -> tuple[int, int]:
     return max(fits, key=lambda t: (t[0] * t[1], -(t[0] + t[1])))
 
 
-def candidates(target) -> list[Heuristic]:
-    """Either vector width's tile."""
-    del target
-    return [Heuristic(lanes) for lanes in HEURISTIC_LANES]
+def schedule_gemm(sch, block, rows, columns, reduction, n_rows: int, n_columns: int,
+                  lanes: int, target, columns_first: bool = False) -> None:
+    """A GEMM micro-kernel on the 2-D product ``block[rows, columns]`` summed over the loop
+    ``reduction``: register tiles of rows x vectors of columns (:func:`tile`, for the target's
+    registers) in parallel, the column tiles outer where ``columns_first`` (a column tile's
+    slice of the operand streamed along the reduction then stays in cache for every row tile),
+    the whole reduction inside each, the tile unrolled and its lanes vectorized."""
+    rows_t, vectors = tile(n_rows, n_columns // lanes, vector_registers(target))
+    rows_o, rows_i = sch.split(rows, [None, rows_t])
+    columns_o, columns_v, lane = sch.split(columns, [None, vectors, lanes])
+    outer = [columns_o, rows_o] if columns_first else [rows_o, columns_o]
+    sch.reorder(*outer, reduction, rows_i, columns_v, lane)
+    parallel(sch, outer, target)
+    sch.unroll(rows_i)
+    sch.unroll(columns_v)
+    sch.vectorize(lane)
+    init = sch.decompose_reduction(block, reduction)
+    sch.vectorize(sch.get_loops(init)[-1])
 
 
-@register(FILTER_COL_OP, "llvm", candidates=candidates)
+@register(FILTER_COL_OP, "llvm", candidates=width_candidates)
 def schedule(sch, p: ColFilterParams, target, knobs: Heuristic | None = None):
     """``knobs``: a :class:`Heuristic` (default, and for ``SAMPLE``: the target's vector
     width; measured selection times both widths)."""
-    lanes = knobs.lanes if isinstance(knobs, Heuristic) else vector_lanes(target)
+    lanes = knob_lanes(knobs, target)
     col = sch.get_sblock(stages.DW_COL_X)
     m, *_ = sch.get_loops(col)
     parallel(sch, [m], target)
     gemm = sch.get_sblock(stages.DW_COL)
     co, f, m = sch.get_loops(gemm)
-    co_t, vectors = tile(p.cout, p.columns // lanes, vector_registers(target))
-    co_o, co_i = sch.split(co, [None, co_t])
-    f_o, f_v, lane = sch.split(f, [None, vectors, lanes])
-    sch.reorder(co_o, f_o, m, co_i, f_v, lane)
-    parallel(sch, [co_o, f_o], target)
-    sch.unroll(co_i)
-    sch.unroll(f_v)
-    sch.vectorize(lane)
-    init = sch.decompose_reduction(gemm, m)
-    sch.vectorize(sch.get_loops(init)[-1])
+    schedule_gemm(sch, gemm, co, f, m, p.cout, p.columns, lanes, target)
     # The result in the user's layout (and dtype): a pass of its own, output channels in
     # parallel. (Under a task, its region of (ci, kd, kh, kw) would be the box around the
     # task's columns: cells of other tasks' that it would read mid-sum.)

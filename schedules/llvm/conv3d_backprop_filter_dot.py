@@ -21,9 +21,17 @@ from __future__ import annotations
 
 from tbe_like import stages
 from tbe_like.params import FILTER_DOT_OP, DotFilterParams
-from tbe_like.target import vector_lanes
 
-from ..common import HEURISTIC_LANES, Heuristic, block_names, divisors, parallel, vectorize
+from ..common import (
+    Heuristic,
+    block_names,
+    divisors,
+    knob_lanes,
+    parallel,
+    sum_lanes_in_task,
+    vectorize,
+    width_candidates,
+)
 from ..registry import register
 from .conv3d_backprop_filter import REGISTERS  # vector registers by fp32 lanes per register
 
@@ -40,17 +48,11 @@ def tile(cout: int, cin: int, lanes: int) -> tuple[int, int]:
     return max(fits, key=lambda t: (t[0] * t[1], -abs(t[0] - t[1])))
 
 
-def candidates(target) -> list[Heuristic]:
-    """Either vector width's tile."""
-    del target
-    return [Heuristic(lanes) for lanes in HEURISTIC_LANES]
-
-
-@register(FILTER_DOT_OP, "llvm", candidates=candidates)
+@register(FILTER_DOT_OP, "llvm", candidates=width_candidates)
 def schedule(sch, p: DotFilterParams, target, knobs: Heuristic | None = None):
     """``knobs``: a :class:`Heuristic` (default, and for ``SAMPLE``: the target's vector
     width; measured selection times both widths, a search space adds nothing to that)."""
-    lanes = knobs.lanes if isinstance(knobs, Heuristic) else vector_lanes(target)
+    lanes = knob_lanes(knobs, target)
     names = block_names(sch)
     if stages.DW_DOT_X in names:  # (n, ci) rows in parallel, the positions vectorized
         gather = sch.get_sblock(stages.DW_DOT_X)
@@ -71,10 +73,6 @@ def schedule(sch, p: DotFilterParams, target, knobs: Heuristic | None = None):
     sch.unroll(co_i)
     sch.unroll(ci_i)
     sch.vectorize(lane)
-    init = sch.decompose_reduction(rf, n)
-    sch.vectorize(sch.get_loops(init)[-1])
-    # The lanes added and the cells written by the task that summed them (in cache).
-    sch.reverse_compute_at(dot, task)
-    if stages.DW_DOT_CAST in names:
-        sch.reverse_compute_at(sch.get_sblock(stages.DW_DOT_CAST), task)
+    sum_lanes_in_task(sch, rf, n, dot, task,
+                      stages.DW_DOT_CAST if stages.DW_DOT_CAST in names else None)
     return sch

@@ -22,9 +22,18 @@ from __future__ import annotations
 
 from tbe_like import stages
 from tbe_like.params import FILTER_ROWS_OP, RowsFilterParams
-from tbe_like.target import vector_lanes, vector_registers
+from tbe_like.target import vector_registers
 
-from ..common import HEURISTIC_LANES, Heuristic, block_names, divisors, parallel, vectorize
+from ..common import (
+    Heuristic,
+    block_names,
+    divisors,
+    knob_lanes,
+    parallel,
+    sum_lanes_in_task,
+    vectorize,
+    width_candidates,
+)
 from ..registry import register
 
 # Output channels of a register tile, at most.
@@ -40,17 +49,11 @@ def tile(cout: int, columns: int, registers: int) -> int:
     return max(fits, default=1)
 
 
-def candidates(target) -> list[Heuristic]:
-    """Either vector width's tile."""
-    del target
-    return [Heuristic(lanes) for lanes in HEURISTIC_LANES]
-
-
-@register(FILTER_ROWS_OP, "llvm", candidates=candidates)
+@register(FILTER_ROWS_OP, "llvm", candidates=width_candidates)
 def schedule(sch, p: RowsFilterParams, target, knobs: Heuristic | None = None):
     """``knobs``: a :class:`Heuristic` (default, and for ``SAMPLE``: the target's vector
     width; measured selection times both widths)."""
-    lanes = knobs.lanes if isinstance(knobs, Heuristic) else vector_lanes(target)
+    lanes = knob_lanes(knobs, target)
     names = block_names(sch)
     for name, outer in ((stages.DW_ROWS_X, 3), (stages.DW_ROWS_DY, 3)):
         if name in names:  # planes in parallel, the rows' columns vectorized
@@ -69,10 +72,6 @@ def schedule(sch, p: RowsFilterParams, target, knobs: Heuristic | None = None):
     sch.unroll(co_i)
     sch.unroll(kw)
     sch.vectorize(lane)
-    init = sch.decompose_reduction(rf, n)
-    sch.vectorize(sch.get_loops(init)[-1])
-    # The lanes added and the cells written by the task that summed them (in cache).
-    sch.reverse_compute_at(rows, task)
-    if stages.DW_ROWS_CAST in names:
-        sch.reverse_compute_at(sch.get_sblock(stages.DW_ROWS_CAST), task)
+    sum_lanes_in_task(sch, rf, n, rows, task,
+                      stages.DW_ROWS_CAST if stages.DW_ROWS_CAST in names else None)
     return sch

@@ -15,37 +15,22 @@ from __future__ import annotations
 
 from tbe_like import stages
 from tbe_like.params import INPUT_COL_OP, ColInputParams
-from tbe_like.target import vector_lanes, vector_registers
 
-from ..common import HEURISTIC_LANES, Heuristic, block_names, parallel
+from ..common import Heuristic, block_names, knob_lanes, parallel, width_candidates
 from ..registry import register
-from .conv3d_backprop_filter_col import tile
+from .conv3d_backprop_filter_col import schedule_gemm
 
 
-def candidates(target) -> list[Heuristic]:
-    """Either vector width's tile."""
-    del target
-    return [Heuristic(lanes) for lanes in HEURISTIC_LANES]
-
-
-@register(INPUT_COL_OP, "llvm", candidates=candidates)
+@register(INPUT_COL_OP, "llvm", candidates=width_candidates)
 def schedule(sch, p: ColInputParams, target, knobs: Heuristic | None = None):
     """``knobs``: a :class:`Heuristic` (default, and for ``SAMPLE``: the target's vector
     width; measured selection times both widths)."""
-    lanes = knobs.lanes if isinstance(knobs, Heuristic) else vector_lanes(target)
+    lanes = knob_lanes(knobs, target)
     names = block_names(sch)
     gemm = sch.get_sblock(stages.DX_COL)
     m, f, co = sch.get_loops(gemm)
-    m_t, vectors = tile(p.positions, p.columns // lanes, vector_registers(target))
-    m_o, m_i = sch.split(m, [None, m_t])
-    f_o, f_v, lane = sch.split(f, [None, vectors, lanes])
-    sch.reorder(f_o, m_o, co, m_i, f_v, lane)
-    parallel(sch, [f_o, m_o], target)
-    sch.unroll(m_i)
-    sch.unroll(f_v)
-    sch.vectorize(lane)
-    init = sch.decompose_reduction(gemm, co)
-    sch.vectorize(sch.get_loops(init)[-1])
+    schedule_gemm(sch, gemm, m, f, co, p.positions, p.columns, lanes, target,
+                  columns_first=True)
     for name in (stages.DX_COL_RES, stages.DX_COL_CAST):
         if name in names:
             parallel(sch, sch.get_loops(sch.get_sblock(name))[:3], target)

@@ -18,9 +18,16 @@ from __future__ import annotations
 
 from tbe_like import stages
 from tbe_like.params import INPUT_ROWS_OP, RowsInputParams
-from tbe_like.target import vector_lanes, vector_registers
+from tbe_like.target import vector_registers
 
-from ..common import HEURISTIC_LANES, Heuristic, divisors, parallel, vectorize
+from ..common import (
+    Heuristic,
+    divisors,
+    knob_lanes,
+    parallel,
+    vectorize,
+    width_candidates,
+)
 from ..registry import register
 
 
@@ -31,17 +38,11 @@ def vectors(cin: int, columns: int, lanes: int, registers: int) -> int:
     return max(fits, default=1)
 
 
-def candidates(target) -> list[Heuristic]:
-    """Either vector width's tile."""
-    del target
-    return [Heuristic(lanes) for lanes in HEURISTIC_LANES]
-
-
-@register(INPUT_ROWS_OP, "llvm", candidates=candidates)
+@register(INPUT_ROWS_OP, "llvm", candidates=width_candidates)
 def schedule(sch, p: RowsInputParams, target, knobs: Heuristic | None = None):
     """``knobs``: a :class:`Heuristic` (default, and for ``SAMPLE``: the target's vector
     width; measured selection times both widths)."""
-    lanes = knobs.lanes if isinstance(knobs, Heuristic) else vector_lanes(target)
+    lanes = knob_lanes(knobs, target)
     pad = sch.get_sblock(stages.DX_ROWS_DY)
     loops = sch.get_loops(pad)
     parallel(sch, loops[:3], target)
