@@ -628,7 +628,8 @@ def plan(func, schedule_with: Callable[[Any, Any], Any], candidates: list, targe
     measure = measuring(target) and argument_bytes(func) <= MEASURE_MAX_BYTES
     if found:
         (best, _), index = min(found, key=lambda fi: fi[0][1])
-        shipped = all(f[1][0] == len(records_dirs()) - 1 for f, _ in found)
+        last = len(records_dirs()) - 1  # the shipped records' place
+        shipped = all(place == last for (_, (place, _)), _ in found)
         if not (measure and alternatives and shipped):
             return best, "record", None
         # Only records shipped with the package: tuned before the kernel had some of its

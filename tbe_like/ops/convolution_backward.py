@@ -249,10 +249,8 @@ def graph_of(kind: str, conv: kernels.Conv3d, prec: kernels.Precision,
         return kernels.forward(conv, prec, winograd=winograd)
     # CPU kernels (``target`` None: the direct form of a CPU kernel) unpack the accumulator.
     cells = target is None or str(target.kind.name) == "llvm"
-    if transposed:  # x = grad_output, dy = input
-        return kernels.grad_weight(conv, prec, names=("grad_output", "input", "grad_weight"),
-                                   winograd=winograd, unpack_cells=cells)
-    return kernels.grad_weight(conv, prec, winograd=winograd, unpack_cells=cells)
+    return kernels.grad_weight(conv, prec, names=_weight_names(transposed), winograd=winograd,
+                               unpack_cells=cells)
 
 
 def _other_forms(graph: kernels.Graph, kind: str, conv: kernels.Conv3d,
@@ -274,21 +272,21 @@ def _other_forms(graph: kernels.Graph, kind: str, conv: kernels.Conv3d,
     forms = {}
     if kernels.uses_winograd(graph):
         forms["direct"] = graph_of(kind, conv, prec, transposed, None)
-    if (kind == "grad_weight" and str(target.kind.name) == "llvm"
-            and kernels.dot_applies(conv)):
-        forms["dot"] = kernels.grad_weight_dot(conv, prec, _weight_names(transposed))
-    if (kind == "grad_weight" and str(target.kind.name) == "llvm"
-            and kernels.rows_applies(conv)):
-        forms["rows"] = kernels.grad_weight_rows(conv, prec, _weight_names(transposed))
-    if (kind == "grad_weight" and str(target.kind.name) == "llvm"
-            and kernels.col_applies(conv)):
-        forms["col"] = kernels.grad_weight_col(conv, prec, _weight_names(transposed))
-    if (kind == "grad_input" and str(target.kind.name) == "llvm"
-            and kernels.col_applies(conv)):
-        forms["col"] = kernels.grad_input_col(conv, prec)
-    if (kind == "grad_input" and str(target.kind.name) == "llvm"
-            and kernels.input_rows_applies(conv)):
-        forms["rows"] = kernels.grad_input_rows(conv, prec)
+    if str(target.kind.name) != "llvm":
+        return forms
+    names = _weight_names(transposed)
+    if kind == "grad_weight":
+        if kernels.dot_applies(conv):
+            forms["dot"] = kernels.grad_weight_dot(conv, prec, names)
+        if kernels.rows_applies(conv):
+            forms["rows"] = kernels.grad_weight_rows(conv, prec, names)
+        if kernels.col_applies(conv):
+            forms["col"] = kernels.grad_weight_col(conv, prec, names)
+    elif kind == "grad_input":
+        if kernels.col_applies(conv):
+            forms["col"] = kernels.grad_input_col(conv, prec)
+        if kernels.input_rows_applies(conv):
+            forms["rows"] = kernels.grad_input_rows(conv, prec)
     return forms
 
 

@@ -467,6 +467,29 @@ def col_applies(conv: Conv3d) -> bool:
             and columns % ROWS_LANES == 0 and 4 * positions * columns <= COL_MAX_BYTES)
 
 
+def _col_position(conv: Conv3d, m):
+    """(n, do, ho, wo) of row ``m`` of an im2col matrix: dy's positions in NCDHW order."""
+    do, ho, wo = conv.out_spatial
+    return m // (do * ho * wo), m // (ho * wo) % do, m // wo % ho, m % wo
+
+
+def _col_cell(conv: Conv3d, f):
+    """(ci, kd, kh, kw) of column ``f`` of an im2col matrix, in the nested form (``f % taps``,
+    then ``% (kh * kw)``) that TVM's simplifier folds back to ``f`` in a flattened access: a
+    vector of columns is then one contiguous load of the user's filter."""
+    _, kh, kw = conv.kernel
+    taps = math.prod(conv.kernel)
+    y = f % taps
+    z = y % (kh * kw)
+    return f // taps, y // (kh * kw), z // kw, z % kw
+
+
+def _col_column(conv: Conv3d, ci, a, b, c):
+    """The column of an im2col matrix that holds filter cell (ci, a, b, c)."""
+    _, kh, kw = conv.kernel
+    return ((ci * conv.kernel[0] + a) * kh + b) * kw + c
+
+
 def grad_weight_col(conv: Conv3d, prec: Precision,
                     names=("input", "grad_output", "grad_weight")) -> Graph:
     """dW of a layer of few positions (:func:`col_applies`) as one GEMM, written in the user's
@@ -488,43 +511,36 @@ def grad_weight_col(conv: Conv3d, prec: Precision,
     front, top, left = conv.pads[0], conv.pads[2], conv.pads[4]
     do, ho, wo = conv.out_spatial
     positions = conv.batch * do * ho * wo
+    columns = conv.cin * math.prod(conv.kernel)
     zero = tirx.const(0, prec.dtype)
     in_d, in_h, in_w = conv.in_spatial
 
-    def at(m):
-        return m // (do * ho * wo), m // (ho * wo) % do, m // wo % ho, m % wo
-
-    kd, kh, kw = conv.kernel
-    taps = kd * kh * kw
-
     def col_body(m, f):
-        n, od, oh, ow = at(m)
-        y = f % taps  # (ci, a, b, c) of column f, in the nested form that flattens to f
-        z = y % (kh * kw)
-        a, b, c = y // (kh * kw), z // kw, z % kw
+        n, od, oh, ow = _col_position(conv, m)
+        ci, a, b, c = _col_cell(conv, f)
         d, h, w = od * sd + a * dd - front, oh * sh + b * dh - top, ow * sw + c * dw - left
         inside = tirx.all(d >= 0, d < in_d, h >= 0, h < in_h, w >= 0, w < in_w)
-        return tirx.if_then_else(inside, x[n, f // taps, tirx.max(tirx.min(d, in_d - 1), 0),
+        return tirx.if_then_else(inside, x[n, ci, tirx.max(tirx.min(d, in_d - 1), 0),
                                            tirx.max(tirx.min(h, in_h - 1), 0),
                                            tirx.max(tirx.min(w, in_w - 1), 0)], zero)
 
-    xcol = te.compute((positions, conv.cin * taps), col_body, name=stages.DW_COL_X,
+    xcol = te.compute((positions, columns), col_body, name=stages.DW_COL_X,
                       tag=stages.tag(FILTER_COL_OP, "x"))
     rm = te.reduce_axis((0, positions), name="m")
 
     def body(co, f):
-        n, od, oh, ow = at(rm)
+        n, od, oh, ow = _col_position(conv, rm)
         left_ = convert(dy[n, co, od, oh, ow]).astype(ACC_DTYPE)
         return te.sum(left_ * convert(xcol[rm, f]).astype(ACC_DTYPE), axis=[rm])
 
     # (Cout, Cin*kd*kh*kw): 2-D, so that a vector of columns is one contiguous access (with
     # five axes fused, TVM left part of the loads and stores element by element).
-    acc = te.compute((conv.cout, conv.cin * taps), body, name=stages.DW_COL,
+    acc = te.compute((conv.cout, columns), body, name=stages.DW_COL,
                      tag=stages.tag(FILTER_COL_OP, "gemm"))
-    out = te.compute(conv.w_shape, lambda co, ci, a, b, c: acc[co, ci * taps + (a * kh + b) * kw
-                                                               + c].astype(prec.dtype),
-                     name=stages.DW_COL_CAST, tag=stages.tag(FILTER_COL_OP, "cast"))
-    p = ColFilterParams(conv.cout, conv.cin * math.prod(conv.kernel), positions)
+    out = te.compute(conv.w_shape, lambda co, *cell: acc[co, _col_column(conv, *cell)]
+                     .astype(prec.dtype), name=stages.DW_COL_CAST,
+                     tag=stages.tag(FILTER_COL_OP, "cast"))
+    p = ColFilterParams(conv.cout, columns, positions)
     return Graph(FILTER_COL_OP, p, [x, dy], out, ["NCDHW", "NCDHW", "NCDHW"],
                  flops=conv.flops())
 
@@ -549,21 +565,18 @@ def grad_input_col(conv: Conv3d, prec: Precision,
     front, top, left = conv.pads[0], conv.pads[2], conv.pads[4]
     do, ho, wo = conv.out_spatial
     positions = conv.batch * do * ho * wo
+    columns = conv.cin * math.prod(conv.kernel)
     rco = te.reduce_axis((0, conv.cout), name="co")
 
-    kd, kh, kw = conv.kernel
-    taps = kd * kh * kw
-
     def col_body(m, f):
-        n, od, oh, ow = m // (do * ho * wo), m // (ho * wo) % do, m // wo % ho, m % wo
-        y = f % taps
-        z = y % (kh * kw)
+        n, od, oh, ow = _col_position(conv, m)
         left_ = convert(dy[n, rco, od, oh, ow]).astype(ACC_DTYPE)
-        right = convert(w[rco, f // taps, y // (kh * kw), z // kw, z % kw]).astype(ACC_DTYPE)
+        right = convert(w[(rco, *_col_cell(conv, f))]).astype(ACC_DTYPE)
         return te.sum(left_ * right, axis=[rco])
 
-    cols = te.compute((positions, conv.cin * taps), col_body, name=stages.DX_COL,
+    cols = te.compute((positions, columns), col_body, name=stages.DX_COL,
                       tag=stages.tag(INPUT_COL_OP, "gemm"))
+    kd, kh, kw = conv.kernel
     ra = te.reduce_axis((0, kd), name="a")
     rb = te.reduce_axis((0, kh), name="b")
     rc = te.reduce_axis((0, kw), name="c")
@@ -577,9 +590,8 @@ def grad_input_col(conv: Conv3d, prec: Precision,
                          pw_ >= 0, pw_ % sw == 0, ow < wo)
         m = ((n * do + tirx.max(tirx.min(od, do - 1), 0)) * ho
              + tirx.max(tirx.min(oh, ho - 1), 0)) * wo + tirx.max(tirx.min(ow, wo - 1), 0)
-        return te.sum(tirx.if_then_else(valid, cols[m, ci * taps + (ra * kh + rb) * kw + rc],
-                                         zero),
-                      axis=[ra, rb, rc])
+        return te.sum(tirx.if_then_else(valid, cols[m, _col_column(conv, ci, ra, rb, rc)],
+                                         zero), axis=[ra, rb, rc])
 
     acc = te.compute(conv.x_shape, res_body, name=stages.DX_COL_RES,
                      tag=stages.tag(INPUT_COL_OP, "res"))
@@ -587,7 +599,7 @@ def grad_input_col(conv: Conv3d, prec: Precision,
     if prec.dtype != ACC_DTYPE:
         out = te.compute(conv.x_shape, lambda *i: acc[i].astype(prec.dtype),
                          name=stages.DX_COL_CAST, tag=stages.tag(INPUT_COL_OP, "cast"))
-    p = ColInputParams(conv.cout, conv.cin * math.prod(conv.kernel), positions)
+    p = ColInputParams(conv.cout, columns, positions)
     return Graph(INPUT_COL_OP, p, [dy, w], out, ["NCDHW", "NCDHW", "NCDHW"],
                  flops=conv.flops())
 
@@ -901,8 +913,7 @@ def build(graph: Graph, target: Target, output_dir, kernel_name: str, op: str,
     forms = tuple(Form(name, prim_func(g), scheduler(g), alternative_candidates(g, target))
                   for name, g in (alternatives or {}).items())
     own = candidates(graph.op, target)
-    if any(form.func is not None and g.op in ROWS_OPS for form, g in
-           zip(forms, (alternatives or {}).values(), strict=True)):
+    if any(g.op in ROWS_OPS for g in (alternatives or {}).values()):
         # Beside a rows form the packed form races with its rule's default alone: its other
         # tiles lost to the rows form by 1.5-10x on every stem of the network suite, and each
         # costs a compile (a video stem's first build took 8-10 s with them).
