@@ -42,6 +42,11 @@ MEASURE_ROUNDS = 5
 # A candidate slower than this times the fastest on its first timed call takes no part in the
 # race (its first time is reported).
 MEASURE_CUTOFF = 1.25
+# CPU candidates are timed as a user calls them: each call after this long on the calling
+# thread (the Python of a call takes 6-40 us). Back to back, TVM's worker was woken again
+# within 1-2 us of going to sleep, 20-30 us faster than after 5 us or more (a 2-vCPU VM), and a
+# kernel's parallel form looked faster than it is to a user.
+CALL_GAP_SECONDS = 20e-6
 # Arguments (bytes, outputs included) past which a build takes the rule's default instead of
 # timing candidates: timing allocates a second set of arguments beside the caller's (a 4e9-
 # element volume is 17 GB of them) and one call of each candidate takes seconds.
@@ -328,8 +333,11 @@ def _runners(funcs: list, target: Target, symbol: str = "main"
     dev = tvm.runtime.device("cpu" if str(target.kind.name) == "llvm" else "cuda", 0)
     args = _arguments(funcs[0], dev)
 
+    gap = CALL_GAP_SECONDS if str(target.kind.name) == "llvm" else 0.0
+
     def timer(kernel) -> Callable[[], float]:
         def once() -> float:
+            _idle(gap)
             start = time.perf_counter()
             kernel(*args)
             dev.sync()
@@ -339,6 +347,14 @@ def _runners(funcs: list, target: Target, symbol: str = "main"
         return once
 
     return [timer(kernel) for kernel in kernels], executables
+
+
+def _idle(seconds: float) -> None:
+    """Keep the calling thread busy (not asleep) for ``seconds``: the Python a user's call runs
+    between two kernels."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 def _race(runners: list[Callable[[], float]], rounds: int = 5) -> list[float]:

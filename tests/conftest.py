@@ -83,10 +83,11 @@ def conv3d(n, cin, spatial, cout, kernel, stride=1, pad=1, dil=1, groups=1):
                           (pad,) * 6, (dil,) * 3, groups)
 
 
-def run_form(graph, lanes: int, args) -> np.ndarray:
-    """Run a framework kernel's graph scheduled with ``Heuristic(lanes)``, compiled for this
-    host under the bounds proof, on the NumPy ``args``: its result (computed into an array of
-    NaN, so a cell the kernel never writes shows) as float64."""
+def run_form(graph, lanes, args) -> np.ndarray:
+    """Run a framework kernel's graph scheduled with ``Heuristic(lanes)`` (``lanes`` an int;
+    else the knobs themselves), compiled for this host under the bounds proof, on the NumPy
+    ``args``: its result (computed into an array of NaN, so a cell the kernel never writes
+    shows) as float64."""
     from tbe_like.schedules import Heuristic
 
     from tbe_like._tvm import IRModule, s_tir
@@ -97,7 +98,7 @@ def run_form(graph, lanes: int, args) -> np.ndarray:
 
     target = host_target()
     sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})), graph,
-                           target, Heuristic(lanes))
+                           target, Heuristic(lanes) if isinstance(lanes, int) else lanes)
     dev = tvm_.cpu()
     shape = [int(d) for d in graph.output.shape]
     out = tvm_.runtime.tensor(np.full(shape, np.nan, NP_DTYPES[str(graph.output.dtype)]), dev)

@@ -21,6 +21,7 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 from .. import bounds, compute, stages
 from .._tvm import IRModule, Target, te, tirx, tvm
@@ -851,6 +852,38 @@ def serial(flops: int, result_elems: int, target: Target) -> bool:
             and result_elems <= SERIAL_RESULT)
 
 
+# Kernels of at most this many flops (2 x multiply-adds) also race built for one core
+# (:class:`OneCore`): a parallel loop wakes TVM's sleeping worker, which took 20-35 us a call
+# on a 2-vCPU VM, while such a kernel runs in 0.05-0.3 ms on one core. V-Net's 32 -> 128
+# transposed convolution's input gradient (4 MFLOP) took 0.11 ms a call on two threads, 0.07
+# on one; SlowFast's 8 -> 32 shortcut's weight gradient (6 MFLOP) was faster on two.
+ONE_CORE_RACE_FLOPS = 32_000_000
+
+
+ONE_CORE_SUFFIX = ", one core"  # how a selection names a OneCore choice
+
+
+@dataclass(frozen=True)
+class OneCore:
+    """A candidate of measured selection: ``knobs`` (None: the rule's default) scheduled for
+    one core (:func:`one_core`): the kernel runs on the calling thread and wakes no worker."""
+
+    knobs: Any = None
+
+    def __str__(self) -> str:
+        return f"{'rule' if self.knobs is None else self.knobs}{ONE_CORE_SUFFIX}"
+
+
+def one_core_races(graph: Graph, target: Target) -> bool:
+    """Whether measured selection times ``graph``'s kernel built for one core too: a CPU
+    kernel of more than one thread, not serial already, of at most ``ONE_CORE_RACE_FLOPS``."""
+    from ..schedules.common import num_threads
+
+    return (str(target.kind.name) == "llvm" and num_threads(target) > 1
+            and not serial(graph.flops, math.prod(int(d) for d in graph.output.shape), target)
+            and 0 < graph.flops <= ONE_CORE_RACE_FLOPS)
+
+
 def one_core(target: Target) -> Target:
     """``target`` with one core: the rules then make no parallel loop (no thread is woken)."""
     config = json.loads(str(target))
@@ -870,7 +903,9 @@ def schedule(sch, graph: Graph, target: Target, knobs=None):
     from .. import schedules  # the rules register themselves on import
     from ..schedules.layout import schedule_layout_stages
 
-    if serial(graph.flops, math.prod(int(d) for d in graph.output.shape), target):
+    if isinstance(knobs, OneCore):
+        target, knobs = one_core(target), knobs.knobs
+    elif serial(graph.flops, math.prod(int(d) for d in graph.output.shape), target):
         target = one_core(target)
 
     sch = schedules.apply_schedule(sch, graph.op, graph.params, target, knobs)
@@ -909,8 +944,10 @@ def build(graph: Graph, target: Target, output_dir, kernel_name: str, op: str,
     def scheduler(g: Graph):
         return lambda s, knobs: schedule(s, g, target, knobs)
 
+    # A small kernel's forms race on one core too, each with its rule's default.
+    one = [OneCore()] if one_core_races(graph, target) else []
     func = prim_func(graph)
-    forms = tuple(Form(name, prim_func(g), scheduler(g), alternative_candidates(g, target))
+    forms = tuple(Form(name, prim_func(g), scheduler(g), alternative_candidates(g, target) + one)
                   for name, g in (alternatives or {}).items())
     own = candidates(graph.op, target)
     if any(g.op in ROWS_OPS for g in (alternatives or {}).values()):
@@ -918,6 +955,7 @@ def build(graph: Graph, target: Target, output_dir, kernel_name: str, op: str,
         # tiles lost to the rows form by 1.5-10x on every stem of the network suite, and each
         # costs a compile (a video stem's first build took 8-10 s with them).
         own = [None]
+    own = own + one
     sch, origin, selection = plan(func, scheduler(graph), own, target,
                                   symbol=kernel_name, alternatives=forms)
     tuned = origin == "record"
@@ -936,6 +974,6 @@ def build(graph: Graph, target: Target, output_dir, kernel_name: str, op: str,
                          specs[-1:], para)
 
 
-__all__ = ["C0", "Conv3d", "Graph", "Precision", "build", "forward", "grad_input",
+__all__ = ["C0", "Conv3d", "Graph", "OneCore", "Precision", "build", "forward", "grad_input",
            "grad_weight", "prim_func", "schedule", "stages", "uses_winograd", "winograd_on",
            "workspace_bytes"]
