@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from . import arrays, device_code
+from . import arrays, device_code, threads
 from . import target as _target
 from ._tvm import TVM_VERSION, Target, tvm_runtime
 from .lowering import DEFAULT_PARAM_ALIGNMENT, param_alignment
@@ -202,6 +202,7 @@ class Kernel:
         """Run on NumPy inputs that :meth:`_reads_in_place` accepted; new NumPy results."""
         results = [self._spares.empty(i, inputs[0], t.shape, t.dtype, self.alignment)
                    for i, t in enumerate(self.outputs)]
+        threads.keep_off_caller()
         self._func(*inputs, *results)
         return results[0] if len(results) == 1 else tuple(results)
 
@@ -220,6 +221,8 @@ class Kernel:
             return self._call_from_host(inputs, out, dev)
         args, views = self._args(inputs)
         results, written = self._outs(inputs[0], out, views)
+        if self.target_kind == "llvm":
+            threads.keep_off_caller()
         self._func(*args, *(arg for _, arg, _ in written))
         for target, _, copy in written:
             if copy is not None:
@@ -264,8 +267,11 @@ class Kernel:
                       for a in inputs]
         args, _ = self._args(inputs)
         args += [tvm_runtime.empty(t.shape, t.dtype, dev) for t in self.outputs]
+        cpu = self.target_kind == "llvm"
 
         def run() -> None:
+            if cpu:
+                threads.keep_off_caller()
             self._func(*args)
             if sync:
                 dev.sync()

@@ -6,13 +6,12 @@ CUDA targets name their GPU architecture (``sm_80`` unless told otherwise).
 TVM's thread pool sizes itself to half the hardware threads (it assumes hyper-threading), which is
 one thread on a 2-core machine: ``ensure_threads`` sets ``TVM_NUM_THREADS`` before the pool starts.
 It also sets ``TVM_THREAD_POOL_SPIN_COUNT=0`` (unless set): TVM's idle workers otherwise spin for a
-while after every kernel, and a PyTorch call made right after one ran up to 8x slower here, its
-threads sharing the two cores with the spinning ones. A kernel's own time did not change.
-And ``TVM_BIND_THREADS=0`` (unless set): TVM pins each worker to a core, the calling thread
-stays free, and once a process had run PyTorch's (unpinned) OpenMP threads beside them the
-calling thread could stay on the worker's core: every parallel stage then ran on one core, and
-a late-stage input gradient (r2plus1d_18 layer4, 0.35 ms alone) took 1.30 ms in the benchmark,
-round after round; unpinned, 0.36 ms.
+while after every kernel (150 ms here), and a PyTorch call made right after one ran up to 8x
+slower, its threads sharing the two cores with the spinning ones. Shorter spins (10-1000 yields,
+5-500 us) made the kernels 20-30% faster alone but 2-10x slower between PyTorch calls: a worker
+that spins by yielding waits behind PyTorch's spinning OpenMP threads for a whole time slice,
+while one that sleeps is woken at once. TVM binds its workers to cores; ``tbe_like.threads``
+keeps them off the calling thread's core.
 """
 
 from __future__ import annotations
@@ -46,11 +45,9 @@ def ensure_threads() -> int:
     """Make TVM's runtime use every allowed core unless the user chose a number; return it.
 
     Must run before the first parallel kernel starts TVM's thread pool; importing tbe_like does it.
-    Idle workers sleep at once instead of spinning (``TVM_THREAD_POOL_SPIN_COUNT``) and are not
-    pinned to cores (``TVM_BIND_THREADS``), see above.
+    Idle workers sleep at once instead of spinning (``TVM_THREAD_POOL_SPIN_COUNT``), see above.
     """
     os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
-    os.environ.setdefault("TVM_BIND_THREADS", "0")
     return int(os.environ.setdefault("TVM_NUM_THREADS", str(cpu_count())))
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import threads
 from ._tvm import IRModule, Target
 from .cache import cache_dir
 
@@ -333,11 +334,14 @@ def _runners(funcs: list, target: Target, symbol: str = "main"
     dev = tvm.runtime.device("cpu" if str(target.kind.name) == "llvm" else "cuda", 0)
     args = _arguments(funcs[0], dev)
 
-    gap = CALL_GAP_SECONDS if str(target.kind.name) == "llvm" else 0.0
+    cpu = str(target.kind.name) == "llvm"
+    gap = CALL_GAP_SECONDS if cpu else 0.0
 
     def timer(kernel) -> Callable[[], float]:
         def once() -> float:
             _idle(gap)
+            if cpu:
+                threads.keep_off_caller()
             start = time.perf_counter()
             kernel(*args)
             dev.sync()
