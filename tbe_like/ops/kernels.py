@@ -858,8 +858,6 @@ def serial(flops: int, result_elems: int, target: Target) -> bool:
 # transposed convolution's input gradient (4 MFLOP) took 0.11 ms a call on two threads, 0.07
 # on one; SlowFast's 8 -> 32 shortcut's weight gradient (6 MFLOP) was faster on two.
 ONE_CORE_RACE_FLOPS = 32_000_000
-
-
 ONE_CORE_SUFFIX = ", one core"  # how a selection names a OneCore choice
 
 
