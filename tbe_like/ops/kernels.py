@@ -854,9 +854,9 @@ def serial(flops: int, result_elems: int, target: Target) -> bool:
 
 # Kernels of at most this many flops (2 x multiply-adds) also race built for one core
 # (:class:`OneCore`): a parallel loop wakes TVM's sleeping worker, which took 20-35 us a call
-# on a 2-vCPU VM, while such a kernel runs in 0.05-0.3 ms on one core. V-Net's 32 -> 128
-# transposed convolution's input gradient (4 MFLOP) took 0.11 ms a call on two threads, 0.07
-# on one; SlowFast's 8 -> 32 shortcut's weight gradient (6 MFLOP) was faster on two.
+# on a 2-vCPU VM, while such a kernel runs in 0.03-0.3 ms on one core. V-Net's 32 -> 64
+# down-sampling convolution's weight gradient took 0.026 ms on one core, 0.037 on two;
+# SlowFast's 8 -> 32 shortcut's weight gradient (6 MFLOP) was faster on two.
 ONE_CORE_RACE_FLOPS = 32_000_000
 ONE_CORE_SUFFIX = ", one core"  # how a selection names a OneCore choice
 
