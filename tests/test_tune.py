@@ -308,7 +308,8 @@ def test_measured_selection_races_the_direct_form_too(measuring, monkeypatch, ki
                           alternatives=forms)
     times = first.metadata["para_dict"]["selection"]["times_ms"]
     assert "direct: rule" in times and len(times) >= 2
-    won_direct = first.metadata["para_dict"]["selection"]["choice"] == "direct: rule"
+    # ("direct: rule" or, on a machine of two cores or more, "direct: rule, one core")
+    won_direct = first.metadata["para_dict"]["selection"]["choice"].startswith("direct: ")
     assert (lookup(kernels.prim_func(forms["direct"]), target) is not None) == won_direct
     assert (lookup(kernels.prim_func(graph), target) is not None) == (not won_direct)
     second = kernels.build(graph, target, measuring / "k2", "second", graph.op, {},
