@@ -26,10 +26,10 @@ from ..common import (
     Heuristic,
     block_names,
     divisors,
+    fuse_parallel_vectorize,
     knob_lanes,
     parallel,
     sum_lanes_in_task,
-    vectorize,
     width_candidates,
 )
 from ..registry import register
@@ -55,10 +55,7 @@ def schedule(sch, p: DotFilterParams, target, knobs: Heuristic | None = None):
     lanes = knob_lanes(knobs, target)
     names = block_names(sch)
     if stages.DW_DOT_X in names:  # (n, ci) rows in parallel, the positions vectorized
-        gather = sch.get_sblock(stages.DW_DOT_X)
-        n, ci, pos = sch.get_loops(gather)
-        parallel(sch, [n, ci], target)
-        vectorize(sch, pos)
+        fuse_parallel_vectorize(sch, stages.DW_DOT_X, 2, target)
     dot = sch.get_sblock(stages.DW_DOT)
     *_, pos = sch.get_loops(dot)
     width = min(lanes, p.positions)

@@ -28,10 +28,10 @@ from ..common import (
     Heuristic,
     block_names,
     divisors,
+    fuse_parallel_vectorize,
     knob_lanes,
     parallel,
     sum_lanes_in_task,
-    vectorize,
     width_candidates,
 )
 from ..registry import register
@@ -55,12 +55,9 @@ def schedule(sch, p: RowsFilterParams, target, knobs: Heuristic | None = None):
     width; measured selection times both widths)."""
     lanes = knob_lanes(knobs, target)
     names = block_names(sch)
-    for name, outer in ((stages.DW_ROWS_X, 3), (stages.DW_ROWS_DY, 3)):
+    for name in (stages.DW_ROWS_X, stages.DW_ROWS_DY):
         if name in names:  # planes in parallel, the rows' columns vectorized
-            block = sch.get_sblock(name)
-            loops = sch.get_loops(block)
-            parallel(sch, loops[:outer], target)
-            vectorize(sch, loops[-1])
+            fuse_parallel_vectorize(sch, name, 3, target)
     rows = sch.get_sblock(stages.DW_ROWS)
     *_, wo = sch.get_loops(rows)
     _, lane = sch.split(wo, [None, lanes])

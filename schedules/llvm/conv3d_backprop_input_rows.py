@@ -23,9 +23,9 @@ from tbe_like.target import vector_registers
 from ..common import (
     Heuristic,
     divisors,
+    fuse_parallel_vectorize,
     knob_lanes,
     parallel,
-    vectorize,
     width_candidates,
 )
 from ..registry import register
@@ -43,16 +43,12 @@ def schedule(sch, p: RowsInputParams, target, knobs: Heuristic | None = None):
     """``knobs``: a :class:`Heuristic` (default, and for ``SAMPLE``: the target's vector
     width; measured selection times both widths)."""
     lanes = knob_lanes(knobs, target)
-    pad = sch.get_sblock(stages.DX_ROWS_DY)
-    loops = sch.get_loops(pad)
-    parallel(sch, loops[:3], target)
-    vectorize(sch, loops[-1])
+    fuse_parallel_vectorize(sch, stages.DX_ROWS_DY, 3, target)
     for name, columns in p.phases:
         block = sch.get_sblock(name)
         loops = sch.get_loops(block)
         if len(loops) == 5:  # no tap reaches the phase: zeros
-            parallel(sch, loops[:3], target)
-            vectorize(sch, loops[-1])
+            fuse_parallel_vectorize(sch, name, 3, target)
             continue
         n, ci, d, h, c, co, td, th, tw = loops
         v = vectors(p.cin, columns, lanes, vector_registers(target))

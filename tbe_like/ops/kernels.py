@@ -462,10 +462,15 @@ def col_applies(conv: Conv3d) -> bool:
     """Whether ``grad_weight_col`` builds ``conv``'s weight gradient: no groups, at most
     ``COL_MAX_POSITIONS`` positions, a filter row (Cin*kd*kh*kw) of whole vectors
     (``ROWS_LANES``), an im2col matrix within ``COL_MAX_BYTES``."""
-    positions = conv.batch * math.prod(conv.out_spatial)
-    columns = conv.cin * math.prod(conv.kernel)
+    positions, columns = _col_shape(conv)
     return (conv.groups == 1 and positions <= COL_MAX_POSITIONS
             and columns % ROWS_LANES == 0 and 4 * positions * columns <= COL_MAX_BYTES)
+
+
+def _col_shape(conv: Conv3d) -> tuple[int, int]:
+    """(rows, columns) of an im2col matrix: dy's positions (n, do, ho, wo), a filter's cells
+    (ci, kd, kh, kw)."""
+    return conv.batch * math.prod(conv.out_spatial), conv.cin * math.prod(conv.kernel)
 
 
 def _col_position(conv: Conv3d, m):
@@ -510,9 +515,7 @@ def grad_weight_col(conv: Conv3d, prec: Precision,
     convert = prec.convert()
     (sd, sh, sw), (dd, dh, dw) = conv.strides, conv.dilations
     front, top, left = conv.pads[0], conv.pads[2], conv.pads[4]
-    do, ho, wo = conv.out_spatial
-    positions = conv.batch * do * ho * wo
-    columns = conv.cin * math.prod(conv.kernel)
+    positions, columns = _col_shape(conv)
     zero = tirx.const(0, prec.dtype)
     in_d, in_h, in_w = conv.in_spatial
 
@@ -565,8 +568,7 @@ def grad_input_col(conv: Conv3d, prec: Precision,
     (sd, sh, sw), (dd, dh, dw) = conv.strides, conv.dilations
     front, top, left = conv.pads[0], conv.pads[2], conv.pads[4]
     do, ho, wo = conv.out_spatial
-    positions = conv.batch * do * ho * wo
-    columns = conv.cin * math.prod(conv.kernel)
+    positions, columns = _col_shape(conv)
     rco = te.reduce_axis((0, conv.cout), name="co")
 
     def col_body(m, f):
