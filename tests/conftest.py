@@ -74,13 +74,30 @@ def round_hf32(a: np.ndarray) -> np.ndarray:
 
 
 def conv3d(n, cin, spatial, cout, kernel, stride=1, pad=1, dil=1, groups=1):
-    """A ``kernels.Conv3d`` with the same stride, pad and dilation on every axis."""
+    """A ``kernels.Conv3d``; ``stride``, ``pad`` (both sides alike) and ``dil`` are one value
+    for every axis or one per axis."""
     from tbe_like.ops import kernels
 
-    out = tuple((i + 2 * pad - dil * (k - 1) - 1) // stride + 1
-                for i, k in zip(spatial, kernel, strict=True))
-    return kernels.Conv3d(n, cin, cout, tuple(spatial), out, tuple(kernel), (stride,) * 3,
-                          (pad,) * 6, (dil,) * 3, groups)
+    stride, pad, dil = ((v,) * 3 if isinstance(v, int) else tuple(v) for v in (stride, pad, dil))
+    out = tuple((i + 2 * p - d * (k - 1) - 1) // s + 1
+                for i, k, s, p, d in zip(spatial, kernel, stride, pad, dil, strict=True))
+    return kernels.Conv3d(n, cin, cout, tuple(spatial), out, tuple(kernel), stride,
+                          tuple(q for p in pad for q in (p, p)), dil, groups)
+
+
+def weight_gradient(conv, x, dy):
+    """dW of ``conv`` (padded alike on both sides of each axis) on ``x`` and ``dy``, by the
+    NumPy reference, in float64."""
+    pads = conv.pads[::2]
+    assert pads == conv.pads[1::2]
+    from tbe_like.testing import reference as ref
+
+    _, dw, _ = ref.convolution_backward(
+        dy.astype(np.float64), x.astype(np.float64), np.zeros(conv.w_shape),
+        stride=list(conv.strides), padding=list(pads), dilation=list(conv.dilations),
+        transposed=False, output_padding=[0, 0, 0], groups=conv.groups,
+        output_mask=(False, True, False))
+    return dw
 
 
 def run_form(graph, lanes, args) -> np.ndarray:
@@ -116,6 +133,16 @@ def stage_names(tensor) -> set[str]:
 def msg(op: str, *parts: str) -> str:
     """A ``match`` regex: the message starts with ``op: `` and holds every part, in order."""
     return "^" + re.escape(f"{op}: ") + "".join(".*" + re.escape(p) for p in parts)
+
+
+@pytest.fixture
+def measuring(tmp_path, monkeypatch):
+    """Measured selection on (the test run's default is off), its records in a private cache
+    folder (and nowhere else); returns ``tmp_path``."""
+    monkeypatch.setenv("TBE_LIKE_MEASURE", "1")
+    monkeypatch.setenv("TBE_LIKE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("TBE_LIKE_RECORDS", str(tmp_path / "no-user-records"))
+    return tmp_path
 
 
 @pytest.fixture(scope="session")

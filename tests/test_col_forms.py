@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import NP_DTYPES, RTOL, run_form
+from conftest import NP_DTYPES, RTOL, conv3d, run_form
 from tbe_like.schedules.common import HEURISTIC_LANES
 from tbe_like.schedules.llvm.conv3d_backprop_filter_col import tile
 
@@ -20,31 +20,22 @@ from tbe_like.testing import reference as ref
 TARGET = host_target()
 
 
-def _conv(n, cin, spatial, cout, kernel, stride, pad, dil=(1, 1, 1)):
-    out = tuple((i + 2 * pad[a] - dil[a] * (kernel[a] - 1) - 1) // stride[a] + 1
-                for a, i in enumerate(spatial))
-    pads = tuple(p for q in pad for p in (q, q))
-    return kernels.Conv3d(n, cin, cout, spatial, out, kernel, stride, pads, dil, 1), list(pad)
-
-
-CASES = {  # ((conv, padding for the reference), dtype)
+CASES = {  # (conv, dtype)
     # A late stage: 3x3x3 on a 2x3x3 map, padded (c3d conv4 in small).
-    "k333-on-2x3x3": (_conv(1, 16, (2, 3, 3), 24, (3, 3, 3), (1, 1, 1), (1, 1, 1)), "float32"),
+    "k333-on-2x3x3": (conv3d(1, 16, (2, 3, 3), 24, (3, 3, 3)), "float32"),
     # Stride 2 down to 2x2, a batch of 2, odd channels (a filter row of 27 * 32 columns).
-    "stride2-batch2": (_conv(2, 32, (3, 5, 4), 12, (3, 3, 3), (2, 2, 2), (1, 1, 1)),
-                       "float32"),
+    "stride2-batch2": (conv3d(2, 32, (3, 5, 4), 12, (3, 3, 3), stride=2), "float32"),
     # Dilation 2, no padding, (1, 3, 3) taps.
-    "dil2": (_conv(1, 16, (1, 6, 7), 8, (1, 3, 3), (1, 1, 1), (0, 0, 0), (1, 2, 2)),
-             "float32"),
-    "k133-float16": (_conv(1, 16, (1, 4, 4), 20, (1, 3, 3), (1, 1, 1), (0, 1, 1)), "float16"),
-    "k333-bfloat16": (_conv(1, 16, (2, 2, 3), 8, (3, 3, 3), (1, 1, 1), (1, 1, 1)), "bfloat16"),
+    "dil2": (conv3d(1, 16, (1, 6, 7), 8, (1, 3, 3), pad=0, dil=(1, 2, 2)), "float32"),
+    "k133-float16": (conv3d(1, 16, (1, 4, 4), 20, (1, 3, 3), pad=(0, 1, 1)), "float16"),
+    "k333-bfloat16": (conv3d(1, 16, (2, 2, 3), 8, (3, 3, 3)), "bfloat16"),
 }
 
 
 @pytest.mark.parametrize("lanes", HEURISTIC_LANES)
 @pytest.mark.parametrize("name", list(CASES))
 def test_every_tile_matches_reference(name, lanes):
-    (conv, pad), dtype = CASES[name]
+    conv, dtype = CASES[name]
     assert kernels.col_applies(conv)
     prec = kernels.Precision.on(TARGET, dtype, dtype)
     rng = np.random.default_rng(11)
@@ -53,7 +44,7 @@ def test_every_tile_matches_reference(name, lanes):
     dy = rng.standard_normal(conv.y_shape).astype(NP_DTYPES[dtype])
     dx_want, dw_want, _ = ref.convolution_backward(
         dy.astype(np.float64), x.astype(np.float64), w.astype(np.float64),
-        stride=list(conv.strides), padding=pad, dilation=list(conv.dilations),
+        stride=list(conv.strides), padding=list(conv.pads[::2]), dilation=list(conv.dilations),
         transposed=False, output_padding=[0, 0, 0], groups=1, output_mask=(True, True, False))
     dw = run_form(kernels.grad_weight_col(conv, prec), lanes, (x, dy))
     np.testing.assert_allclose(dw, dw_want, rtol=0, atol=RTOL[dtype] * np.abs(dw_want).max())
@@ -71,25 +62,22 @@ def test_the_tile_fits_the_registers():
 
 def test_only_layers_of_few_positions_have_the_forms():
     prec = kernels.Precision("float32", "float32")
-    late, _ = _conv(1, 64, (2, 4, 4), 64, (3, 3, 3), (1, 1, 1), (1, 1, 1))
+    late = conv3d(1, 64, (2, 4, 4), 64, (3, 3, 3))
     for kind in ("grad_weight", "grad_input"):
         forms = _other_forms(graph_of(kind, late, prec, target=TARGET), kind, late, prec,
                              False, TARGET)
         assert "col" in forms, kind
-    for conv in (_conv(1, 64, (4, 8, 9), 64, (3, 3, 3), (1, 1, 1), (1, 1, 1))[0],  # 288
-                 _conv(1, 3, (2, 4, 4), 8, (1, 1, 1), (1, 1, 1), (0, 0, 0))[0],  # 3 columns
+    for conv in (conv3d(1, 64, (4, 8, 9), 64, (3, 3, 3)),  # 288
+                 conv3d(1, 3, (2, 4, 4), 8, (1, 1, 1), pad=0),  # 3 columns
                  kernels.Conv3d(1, 32, 32, (2, 4, 4), (2, 4, 4), (3, 3, 3), (1, 1, 1),
                                 (1,) * 6, (1, 1, 1), 2)):  # groups
         assert not kernels.col_applies(conv)
 
 
 @pytest.mark.parametrize("mask", [(True, False, False), (False, True, False)])
-def test_the_operator_races_them_and_computes_the_same(mask, tmp_path, monkeypatch):
+def test_the_operator_races_them_and_computes_the_same(mask, measuring):
     """Through ``convolution_backward`` from an empty cache: the selection timed the col
     form, and whichever won, the gradient equals NumPy's."""
-    monkeypatch.setenv("TBE_LIKE_MEASURE", "1")  # (the test run's default is off)
-    monkeypatch.setenv("TBE_LIKE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("TBE_LIKE_RECORDS", str(tmp_path / "no-user-records"))
     rng = np.random.default_rng(12)
     x = rng.standard_normal((1, 32, 2, 3, 3)).astype(np.float32)
     w = rng.standard_normal((48, 32, 3, 3, 3)).astype(np.float32)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import conv3d
+from conftest import conv3d, weight_gradient
 from tbe_like.schedules import Heuristic, common
 from tbe_like.schedules.llvm import conv3d_backprop_filter as dw_rule
 
@@ -47,16 +47,7 @@ def _blocks(sch):
     return found
 
 
-def _weight_gradient(conv, x, dy):
-    _, dw, _ = ref.convolution_backward(
-        dy.astype(np.float64), x.astype(np.float64), np.zeros(conv.w_shape),
-        stride=list(conv.strides), padding=[conv.pads[0], conv.pads[2], conv.pads[4]],
-        dilation=list(conv.dilations), transposed=False, output_padding=[0, 0, 0],
-        groups=conv.groups, output_mask=(False, True, False))
-    return dw
-
-
-def _check_weight_gradient(conv, graph, sch, seed: int) -> None:
+def _checkweight_gradient(conv, graph, sch, seed: int) -> None:
     """``sch`` of ``graph`` (the weight gradient of ``conv``), built through the bounds proof
     and run on random data, equals the float64 reference."""
     rng = np.random.default_rng(seed)
@@ -66,7 +57,7 @@ def _check_weight_gradient(conv, graph, sch, seed: int) -> None:
     out = tvm.runtime.tensor(np.zeros([int(v) for v in graph.output.shape], "float32"), dev)
     compile_checked(sch.mod, host_target())["main"](
         tvm.runtime.tensor(x, dev), tvm.runtime.tensor(dy, dev), out)
-    expected = _weight_gradient(conv, x, dy)
+    expected = weight_gradient(conv, x, dy)
     np.testing.assert_allclose(out.numpy(), expected, rtol=0, atol=1e-5 * np.abs(expected).max())
 
 
@@ -89,7 +80,7 @@ def test_weight_gradient_split_k_matches_reference(name, k_par):
     blocks = _blocks(sch)
     rf = blocks[stages.DW_MAD + "_rf_update"]
     assert rf[0][0] == tvm.tirx.ForKind.PARALLEL and rf[0][1] % k_par == 0, rf
-    _check_weight_gradient(conv, graph, sch, seed=3)
+    _checkweight_gradient(conv, graph, sch, seed=3)
 
 
 def test_weight_gradient_few_channels_split_the_reduction():
@@ -142,7 +133,7 @@ def test_stages_too_small_for_a_thread_run_on_the_calling_one():
                 if any(kind == tvm.tirx.ForKind.PARALLEL for kind, _ in loops)]
     assert parallel == [stages.DW_MAD + "_rf_init", "layout_in_grad_output",
                         stages.DW_FMAP_PAD, stages.DW_MAD + "_rf_update"], parallel
-    _check_weight_gradient(conv, graph, sch, seed=4)
+    _checkweight_gradient(conv, graph, sch, seed=4)
 
 
 def test_weight_gradient_many_channels_split_the_channels():
@@ -181,7 +172,7 @@ def test_weight_gradient_of_few_positions_unpacks_in_steps(name, conv, in_steps,
     assert (out[:3] == mad[:3]) is in_steps, (out, mad)
     if in_steps:
         assert out[-1][0] == tvm.tirx.ForKind.VECTORIZED
-    _check_weight_gradient(conv, graph, sch, seed=6)
+    _checkweight_gradient(conv, graph, sch, seed=6)
 
 
 def test_winograd_transform_packs_its_own_plane(monkeypatch):
@@ -249,7 +240,7 @@ def test_tiny_kernels_start_no_thread(monkeypatch, kind):
     compile_checked(sch.mod, TWO_CORES)["main"](*[tvm.runtime.tensor(a, dev) for a in arrays],
                                                  out)
     if kind == "grad_weight":
-        want = _weight_gradient(conv, *arrays)
+        want = weight_gradient(conv, *arrays)
     else:
         dy, w = arrays
         want = ref.convolution_backward(

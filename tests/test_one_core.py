@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import RTOL, run_form
+from conftest import RTOL, conv3d, run_form
 
 from tbe_like import ops, tune
 from tbe_like._tvm import IRModule, Target, s_tir, structural_walk, tirx
@@ -22,19 +22,12 @@ TARGET = host_target()
 F32 = kernels.Precision("float32", "float32")
 
 
-def _conv(n, cin, spatial, cout, kernel, stride, pad):
-    out = tuple((i + 2 * pad[a] - (kernel[a] - 1) - 1) // stride[a] + 1
-                for a, i in enumerate(spatial))
-    return kernels.Conv3d(n, cin, cout, spatial, out, kernel, stride,
-                          tuple(p for q in pad for p in (q, q)), (1, 1, 1), 1), list(pad)
-
-
-POINTWISE = _conv(1, 32, (2, 5, 7), 48, (1, 1, 1), (2, 2, 2), (0, 0, 0))  # strided shortcut
-LATE = _conv(1, 16, (2, 3, 3), 24, (3, 3, 3), (1, 1, 1), (1, 1, 1))  # few positions
-SMALL = _conv(1, 32, (2, 4, 4), 48, (3, 3, 3), (1, 1, 1), (1, 1, 1))  # 2.7 MFLOP
-STEM = _conv(1, 3, (2, 9, 12), 8, (1, 3, 3), (1, 2, 2), (0, 1, 1))  # 3 input channels
+POINTWISE = conv3d(1, 32, (2, 5, 7), 48, (1, 1, 1), stride=2, pad=0)  # strided shortcut
+LATE = conv3d(1, 16, (2, 3, 3), 24, (3, 3, 3))  # few positions
+SMALL = conv3d(1, 32, (2, 4, 4), 48, (3, 3, 3))  # 2.7 MFLOP
+STEM = conv3d(1, 3, (2, 9, 12), 8, (1, 3, 3), stride=(1, 2, 2), pad=(0, 1, 1))  # 3 channels
 NAMES = _weight_names(False)
-FORMS = {  # name: (conv and padding, the form's graph, "weight" or "input")
+FORMS = {  # name: (conv, the form's graph, "weight" or "input")
     "packed-dW": (LATE, lambda c: kernels.grad_weight(c, F32, unpack_cells=True), "weight"),
     "packed-dX": (LATE, lambda c: kernels.grad_input(c, F32), "input"),
     "dot-dW": (POINTWISE, lambda c: kernels.grad_weight_dot(c, F32, NAMES), "weight"),
@@ -59,7 +52,7 @@ def test_each_form_on_one_core_starts_no_thread_and_matches_numpy(name, monkeypa
     # Every stage that may run in parallel does (these shapes are small), so that the
     # one-core build is what removes the parallel loops.
     monkeypatch.setattr(common, "PARALLEL_MIN_ITERATIONS", 0)
-    (conv, pad), form, gradient = FORMS[name]
+    conv, form, gradient = FORMS[name]
     graph = form(conv)
     sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})), graph,
                            TARGET, kernels.OneCore())
@@ -75,7 +68,8 @@ def test_each_form_on_one_core_starts_no_thread_and_matches_numpy(name, monkeypa
     mask = (gradient == "input", gradient == "weight", False)
     want = ref.convolution_backward(
         dy.astype(np.float64), x.astype(np.float64), w.astype(np.float64),
-        stride=list(conv.strides), padding=pad, dilation=[1, 1, 1], transposed=False,
+        stride=list(conv.strides), padding=list(conv.pads[::2]), dilation=[1, 1, 1],
+        transposed=False,
         output_padding=[0, 0, 0], groups=1, output_mask=mask)[mask.index(True)]
     got = run_form(graph, kernels.OneCore(), (dy, w) if gradient == "input" else (x, dy))
     np.testing.assert_allclose(got, want, rtol=0, atol=RTOL["float32"] * np.abs(want).max())
@@ -84,11 +78,9 @@ def test_each_form_on_one_core_starts_no_thread_and_matches_numpy(name, monkeypa
 def test_only_small_kernels_that_would_start_threads_race_on_one_core():
     from tbe_like.schedules.common import num_threads
 
-    small = kernels.grad_weight(SMALL[0], F32)
-    tiny = kernels.grad_weight(_conv(1, 16, (1, 2, 2), 16, (1, 1, 1), (1, 1, 1),
-                                     (0, 0, 0))[0], F32)
-    big = kernels.grad_weight(_conv(1, 64, (8, 28, 28), 64, (3, 3, 3), (1, 1, 1),
-                                    (1, 1, 1))[0], F32)
+    small = kernels.grad_weight(SMALL, F32)
+    tiny = kernels.grad_weight(conv3d(1, 16, (1, 2, 2), 16, (1, 1, 1), pad=0), F32)
+    big = kernels.grad_weight(conv3d(1, 64, (8, 28, 28), 64, (3, 3, 3)), F32)
     assert kernels.SERIAL_FLOPS < small.flops <= kernels.ONE_CORE_RACE_FLOPS
     assert kernels.one_core_races(small, TARGET) == (num_threads(TARGET) > 1)
     assert not kernels.one_core_races(tiny, TARGET)  # serial anyway
@@ -97,17 +89,14 @@ def test_only_small_kernels_that_would_start_threads_race_on_one_core():
     assert str(kernels.OneCore()) == "rule" + kernels.ONE_CORE_SUFFIX
 
 
-def test_the_operator_races_its_forms_on_one_core(tmp_path, monkeypatch):
+def test_the_operator_races_its_forms_on_one_core(measuring):
     """Through ``convolution_backward`` from an empty cache, for this CPU with two cores:
     the selection timed each form on one core too, and whichever won, the result is
     NumPy's."""
-    monkeypatch.setenv("TBE_LIKE_MEASURE", "1")  # (the test run's default is off)
-    monkeypatch.setenv("TBE_LIKE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("TBE_LIKE_RECORDS", str(tmp_path / "no-user-records"))
     config = json.loads(str(TARGET))
     config["num-cores"] = 2
     rng = np.random.default_rng(6)
-    conv = SMALL[0]
+    conv = SMALL
     x = rng.standard_normal(conv.x_shape).astype(np.float32)
     w = rng.standard_normal(conv.w_shape).astype(np.float32)
     dy = rng.standard_normal(conv.y_shape).astype(np.float32)
@@ -131,7 +120,7 @@ def test_candidates_are_timed_after_a_gap_on_the_calling_thread(monkeypatch):
     them: back to back, TVM's worker wakes faster than it does for a user."""
     gaps = []
     monkeypatch.setattr(tune, "_idle", gaps.append)
-    graph = kernels.grad_weight(LATE[0], F32)
+    graph = kernels.grad_weight(LATE, F32)
     sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})), graph,
                            TARGET)
     runners, _ = tune._runners([sch.mod["main"]], TARGET)

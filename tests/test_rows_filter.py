@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import NP_DTYPES, RTOL, conv3d, run_form
+from conftest import NP_DTYPES, RTOL, conv3d, run_form, weight_gradient
 from tbe_like.schedules.common import HEURISTIC_LANES
 from tbe_like.schedules.llvm.conv3d_backprop_filter_rows import tile
 
@@ -34,16 +34,6 @@ CASES = {  # (conv, dtype, padding (D, H, W) for the reference)
 }
 
 
-def _weight_gradient(conv, x, dy):
-    pads = conv.pads[::2]
-    assert pads == conv.pads[1::2]
-    _, dw, _ = ref.convolution_backward(
-        dy.astype(np.float64), x.astype(np.float64), np.zeros(conv.w_shape),
-        stride=list(conv.strides), padding=list(pads), dilation=list(conv.dilations),
-        transposed=False, output_padding=[0, 0, 0], groups=1, output_mask=(False, True, False))
-    return dw
-
-
 @pytest.mark.parametrize("lanes", HEURISTIC_LANES)
 @pytest.mark.parametrize("name", list(CASES))
 def test_every_tile_matches_reference(name, lanes):
@@ -56,7 +46,7 @@ def test_every_tile_matches_reference(name, lanes):
     rng = np.random.default_rng(5)
     x = rng.standard_normal(conv.x_shape).astype(NP_DTYPES[dtype])
     dy = rng.standard_normal(conv.y_shape).astype(NP_DTYPES[dtype])
-    want = _weight_gradient(conv, x, dy)
+    want = weight_gradient(conv, x, dy)
     got = run_form(graph, lanes, (x, dy))
     np.testing.assert_allclose(got, want, rtol=0, atol=RTOL[dtype] * np.abs(want).max())
 
@@ -84,12 +74,9 @@ def test_only_few_channel_layers_have_the_form():
 
 
 @pytest.mark.parametrize("transposed", [False, True])
-def test_the_operator_races_it_and_computes_the_same(transposed, tmp_path, monkeypatch):
+def test_the_operator_races_it_and_computes_the_same(transposed, measuring):
     """Through ``convolution_backward`` from an empty cache: the selection timed the rows
     form, and whichever won, the weight gradient equals NumPy's."""
-    monkeypatch.setenv("TBE_LIKE_MEASURE", "1")  # (the test run's default is off)
-    monkeypatch.setenv("TBE_LIKE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("TBE_LIKE_RECORDS", str(tmp_path / "no-user-records"))
     rng = np.random.default_rng(6)
     # Forward: 3 -> 8 channels, k(1, 5, 5), stride 2, pad 2. Transposed, 8 -> 3 upsampling:
     # the weight gradient's x is then the user's grad_output, of 3 channels.

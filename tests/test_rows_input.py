@@ -124,12 +124,9 @@ def test_only_few_channel_layers_of_few_phases_have_the_form():
         assert not kernels.input_rows_applies(conv)
 
 
-def test_the_operator_races_it_and_computes_the_same(tmp_path, monkeypatch):
+def test_the_operator_races_it_and_computes_the_same(measuring):
     """Through ``convolution_backward`` from an empty cache: the selection timed the rows
     form, and whichever won, the input gradient equals NumPy's."""
-    monkeypatch.setenv("TBE_LIKE_MEASURE", "1")  # (the test run's default is off)
-    monkeypatch.setenv("TBE_LIKE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("TBE_LIKE_RECORDS", str(tmp_path / "no-user-records"))
     rng = np.random.default_rng(9)
     x = rng.standard_normal((2, 3, 2, 12, 13)).astype(np.float32)
     w = rng.standard_normal((8, 3, 1, 5, 5)).astype(np.float32)

@@ -238,15 +238,6 @@ def test_select_keeps_a_stored_record_only_while_it_beats_the_template(tmp_path,
         assert (records / "database_tuning_record.json.previous").read_text() == before
 
 
-@pytest.fixture
-def measuring(tmp_path, monkeypatch):
-    """Measured selection on, its records in a private cache folder (and nowhere else)."""
-    monkeypatch.setenv("TBE_LIKE_MEASURE", "1")
-    monkeypatch.setenv("TBE_LIKE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("TBE_LIKE_RECORDS", str(tmp_path / "no-user-records"))
-    return tmp_path
-
-
 @pytest.mark.parametrize("kind", ["grad_weight", "grad_input"])
 def test_measured_selection_stores_the_fastest_candidate(measuring, monkeypatch, kind):
     """A build without a record times the rule's candidates here, keeps the fastest as a
