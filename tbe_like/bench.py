@@ -431,7 +431,7 @@ def width_rows(shapes, repeat: int, budget: float) -> list[dict]:
             dev = tvm.cpu()
             args = [tvm.runtime.tensor(rng.standard_normal([int(v) for v in t.shape]).astype(
                 numpy_dtype(s.dtype)), dev) for t in graph.inputs]
-            res = tvm.runtime.empty([int(v) for v in graph.output.shape],
+            res = tvm.runtime.empty(list(graph.result_shape()),
                                     str(graph.output.dtype), dev)
             calls = []
             for lanes in (16, 8):

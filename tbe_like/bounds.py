@@ -70,13 +70,37 @@ def index_dtype(tensors) -> str:
     return "int64" if largest_buffer(tensors)[2] > MAX_BUFFER_ELEMENTS else "int32"
 
 
-def prim_func(tensors):
+def prim_func(tensors, output_shape=None):
     """``te.create_prim_func(tensors)`` with the index type :func:`index_dtype` chooses: every
     loop, block iterator and buffer shape of a kernel with a buffer past 32-bit indices is
-    int64 (TVM's ``index_dtype_override``), so that no flattened index wraps."""
+    int64 (TVM's ``index_dtype_override``), so that no flattened index wraps.
+
+    ``output_shape``: the shape of the kernel's output argument where it is not the last
+    tensor's (same elements, row-major): the argument is declared with that shape and the
+    stages write the tensor as a view of it (a ``DeclBuffer`` on the argument's data, what
+    TVMScript's ``Buffer.view`` makes). The weight gradient's GEMM form computes a
+    ``(Cout, Cin*taps)`` product that is the user's OIDHW array: written through the view, its
+    vectors of columns are contiguous stores into the user's array, where a copy to five axes
+    took a pass of its own over the result.
+    """
     tensors = list(tensors)
     wide = index_dtype(tensors) == "int64"
-    return te.create_prim_func(tensors, index_dtype_override="int64" if wide else None)
+    func = te.create_prim_func(tensors, index_dtype_override="int64" if wide else None)
+    if output_shape is None or tuple(output_shape) == tuple(int(d) for d in tensors[-1].shape):
+        return func
+    *params, flat = func.params
+    if math.prod(output_shape) != math.prod(int(d) for d in flat.shape):
+        raise ValueError(f"prim_func: output_shape {tuple(output_shape)} does not hold the "
+                         f"{tuple(int(d) for d in flat.shape)} result")
+    dims = [tirx.IntImm("int64" if wide else "int32", int(d)) for d in output_shape]
+    whole = tirx.decl_buffer(dims, flat.dtype, flat.name, data=flat.data)
+    realize = func.body
+    root = realize.block
+    body = tirx.SeqStmt([tirx.DeclBuffer(flat, data=whole.data), root.body])
+    root = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, body,
+                        root.init, root.alloc_buffers, root.match_buffers, root.annotations)
+    return tirx.PrimFunc([*params, whole], s_tir.SBlockRealize(
+        realize.iter_values, realize.predicate, root), attrs=func.attrs)
 
 
 class OutOfBoundsError(RuntimeError):

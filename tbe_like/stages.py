@@ -33,7 +33,7 @@ DW_ROWS_CAST = "dw_rows_cast"  # the result in the arrays' dtype, where that is 
 # kernels of tbe_like.ops, ``kernels.grad_weight_col``), in the user's layout
 DW_COL_X = "dw_col_x"  # x's im2col matrix (N*Do*Ho*Wo, Cin*kd*kh*kw), zero at padding
 DW_COL = "dw_col"  # (Cout, Cin*kd*kh*kw) float32: sum over positions of dy * x_col
-DW_COL_CAST = "dw_col_cast"  # the result in the user's OIDHW layout and the arrays' dtype
+DW_COL_CAST = "dw_col_cast"  # the product in a float16 or bfloat16 result
 
 # The input gradient of a layer of few positions as one GEMM into dX's im2col matrix (CPU
 # kernels of tbe_like.ops, ``kernels.grad_input_col``)

@@ -117,7 +117,7 @@ def run_form(graph, lanes, args) -> np.ndarray:
     sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})), graph,
                            target, Heuristic(lanes) if isinstance(lanes, int) else lanes)
     dev = tvm_.cpu()
-    shape = [int(d) for d in graph.output.shape]
+    shape = list(graph.result_shape())
     out = tvm_.runtime.tensor(np.full(shape, np.nan, NP_DTYPES[str(graph.output.dtype)]), dev)
     compile_checked(sch.mod, target)["main"](*(tvm_.runtime.tensor(a, dev) for a in args), out)
     return out.numpy().astype(np.float64)

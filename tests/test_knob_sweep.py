@@ -176,7 +176,7 @@ def _run(graph, knobs, arrays, seed=None):
     assert max(widths) <= MAX_VECTOR_LANES, widths
     fn = compile_checked(sch.mod, TARGET)["main"]
     dev = tvm.cpu()
-    out = tvm.runtime.empty([int(v) for v in graph.output.shape], str(graph.output.dtype), dev)
+    out = tvm.runtime.empty(list(graph.result_shape()), str(graph.output.dtype), dev)
     fn(*[tvm.runtime.tensor(a, dev) for a in arrays], out)
     return out.numpy()
 

@@ -54,7 +54,7 @@ def _checkweight_gradient(conv, graph, sch, seed: int) -> None:
     x, dy = (rng.standard_normal([int(v) for v in t.shape]).astype("float32")
              for t in graph.inputs)
     dev = tvm.cpu()
-    out = tvm.runtime.tensor(np.zeros([int(v) for v in graph.output.shape], "float32"), dev)
+    out = tvm.runtime.tensor(np.zeros(list(graph.result_shape()), "float32"), dev)
     compile_checked(sch.mod, host_target())["main"](
         tvm.runtime.tensor(x, dev), tvm.runtime.tensor(dy, dev), out)
     expected = weight_gradient(conv, x, dy)
@@ -236,7 +236,7 @@ def test_tiny_kernels_start_no_thread(monkeypatch, kind):
     arrays = [rng.standard_normal([int(v) for v in t.shape]).astype("float32")
               for t in graph.inputs]
     dev = tvm.cpu()
-    out = tvm.runtime.tensor(np.zeros([int(v) for v in graph.output.shape], "float32"), dev)
+    out = tvm.runtime.tensor(np.zeros(list(graph.result_shape()), "float32"), dev)
     compile_checked(sch.mod, TWO_CORES)["main"](*[tvm.runtime.tensor(a, dev) for a in arrays],
                                                  out)
     if kind == "grad_weight":

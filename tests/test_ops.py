@@ -226,7 +226,7 @@ def test_float16_operands_are_packed_as_float32_on_cpus(kind):
         dev = tvm.cpu()
         args = [tvm.runtime.tensor(rng.standard_normal([int(v) for v in t.shape])
                                    .astype("float16"), dev) for t in graph.inputs]
-        out = tvm.runtime.tensor(np.zeros([int(v) for v in graph.output.shape], "float16"),
+        out = tvm.runtime.tensor(np.zeros(list(graph.result_shape()), "float16"),
                                  dev)
         fn(*args, out)
         outs.append(out.numpy().astype(np.float32))

@@ -43,7 +43,7 @@ def _run(graph, target, arrays):
     names = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))}
     fn = compile_checked(sch.mod, target)["main"]
     dev = tvm.cpu()
-    out = tvm.runtime.tensor(np.zeros([int(v) for v in graph.output.shape], "float32"), dev)
+    out = tvm.runtime.tensor(np.zeros(list(graph.result_shape()), "float32"), dev)
     fn(*[tvm.runtime.tensor(a, dev) for a in arrays], out)
     return out.numpy(), names
 

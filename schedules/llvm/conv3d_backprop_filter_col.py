@@ -9,8 +9,9 @@ im2col matrix (``FILTER_COL_OP``, ``tbe_like.ops.kernels.grad_weight_col``).
         register tile: co_tile x vectors of f    co_tile broadcasts of dy, the vectors of x_col
       write the tile's cells of the 2-D product
 
-x_col is built first (positions in parallel); a last pass copies the product to the user's
-OIDHW layout and dtype (output channels in parallel).
+x_col is built first (positions in parallel). The product is written where it goes: the
+user's OIDHW array seen as ``(Cout, Cin*kd*kh*kw)`` (``Graph.output_shape``); a float16 or
+bfloat16 result is cast by a last pass (output channels in parallel).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tbe_like.target import vector_registers
 
 from ..common import (
     Heuristic,
+    block_names,
     divisors,
     fuse_parallel_vectorize,
     knob_lanes,
@@ -73,8 +75,8 @@ def schedule(sch, p: ColFilterParams, target, knobs: Heuristic | None = None):
     gemm = sch.get_sblock(stages.DW_COL)
     co, f, m = sch.get_loops(gemm)
     schedule_gemm(sch, gemm, co, f, m, p.cout, p.columns, lanes, target)
-    # The result in the user's layout (and dtype): a pass of its own, output channels in
-    # parallel. (Under a task, its region of (ci, kd, kh, kw) would be the box around the
-    # task's columns: cells of other tasks' that it would read mid-sum.)
-    fuse_parallel_vectorize(sch, stages.DW_COL_CAST, 1, target)
+    if stages.DW_COL_CAST in block_names(sch):
+        # A float16/bfloat16 result: the float32 product cast by a pass of its own, output
+        # channels in parallel.
+        fuse_parallel_vectorize(sch, stages.DW_COL_CAST, 1, target)
     return sch
