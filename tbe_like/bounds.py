@@ -70,37 +70,47 @@ def index_dtype(tensors) -> str:
     return "int64" if largest_buffer(tensors)[2] > MAX_BUFFER_ELEMENTS else "int32"
 
 
-def prim_func(tensors, output_shape=None):
+def prim_func(tensors, shapes=None):
     """``te.create_prim_func(tensors)`` with the index type :func:`index_dtype` chooses: every
     loop, block iterator and buffer shape of a kernel with a buffer past 32-bit indices is
     int64 (TVM's ``index_dtype_override``), so that no flattened index wraps.
 
-    ``output_shape``: the shape of the kernel's output argument where it is not the last
-    tensor's (same elements, row-major): the argument is declared with that shape and the
-    stages write the tensor as a view of it (a ``DeclBuffer`` on the argument's data, what
-    TVMScript's ``Buffer.view`` makes). The weight gradient's GEMM form computes a
-    ``(Cout, Cin*taps)`` product that is the user's OIDHW array: written through the view, its
-    vectors of columns are contiguous stores into the user's array, where a copy to five axes
-    took a pass of its own over the result.
+    ``shapes``: per tensor, the shape of the kernel's argument where it is not the tensor's
+    (same elements, row-major; None: the tensor's). Such an argument is declared with that
+    shape and the stages read or write the tensor as a view of it (a ``DeclBuffer`` on the
+    argument's data, what TVMScript's ``Buffer.view`` makes). The GEMM forms see the user's
+    OIDHW filter (or weight gradient) as the ``(Cout, Cin*taps)`` matrix it is: a vector of
+    its columns is then one contiguous access, which TVM could not prove through the five
+    axes' divisions once the columns were split into tiles.
     """
     tensors = list(tensors)
     wide = index_dtype(tensors) == "int64"
     func = te.create_prim_func(tensors, index_dtype_override="int64" if wide else None)
-    if output_shape is None or tuple(output_shape) == tuple(int(d) for d in tensors[-1].shape):
+    shapes = list(shapes or [None] * len(tensors))
+    if len(shapes) != len(tensors):
+        raise ValueError(f"prim_func: {len(shapes)} shapes for {len(tensors)} tensors")
+    params, views = [], []
+    for param, tensor, shape in zip(func.params, tensors, shapes, strict=True):
+        own = tuple(int(d) for d in tensor.shape)
+        if shape is None or tuple(shape) == own:
+            params.append(param)
+            continue
+        if math.prod(shape) != math.prod(own):
+            raise ValueError(f"prim_func: argument shape {tuple(shape)} does not hold "
+                             f"{tensor.op.name} {own}")
+        dims = [tirx.IntImm("int64" if wide else "int32", int(d)) for d in shape]
+        whole = tirx.decl_buffer(dims, param.dtype, param.name, data=param.data)
+        params.append(whole)
+        views.append(tirx.DeclBuffer(param, data=whole.data))
+    if not views:
         return func
-    *params, flat = func.params
-    if math.prod(output_shape) != math.prod(int(d) for d in flat.shape):
-        raise ValueError(f"prim_func: output_shape {tuple(output_shape)} does not hold the "
-                         f"{tuple(int(d) for d in flat.shape)} result")
-    dims = [tirx.IntImm("int64" if wide else "int32", int(d)) for d in output_shape]
-    whole = tirx.decl_buffer(dims, flat.dtype, flat.name, data=flat.data)
     realize = func.body
     root = realize.block
-    body = tirx.SeqStmt([tirx.DeclBuffer(flat, data=whole.data), root.body])
-    root = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, body,
-                        root.init, root.alloc_buffers, root.match_buffers, root.annotations)
-    return tirx.PrimFunc([*params, whole], s_tir.SBlockRealize(
-        realize.iter_values, realize.predicate, root), attrs=func.attrs)
+    root = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint,
+                        tirx.SeqStmt([*views, root.body]), root.init, root.alloc_buffers,
+                        root.match_buffers, root.annotations)
+    return tirx.PrimFunc(params, s_tir.SBlockRealize(realize.iter_values, realize.predicate,
+                                                     root), attrs=func.attrs)
 
 
 class OutOfBoundsError(RuntimeError):

@@ -10,7 +10,7 @@ im2col matrix (``FILTER_COL_OP``, ``tbe_like.ops.kernels.grad_weight_col``).
       write the tile's cells of the 2-D product
 
 x_col is built first (positions in parallel). The product is written where it goes: the
-user's OIDHW array seen as ``(Cout, Cin*kd*kh*kw)`` (``Graph.output_shape``); a float16 or
+user's OIDHW array seen as ``(Cout, Cin*kd*kh*kw)`` (``Graph.arg_shapes``); a float16 or
 bfloat16 result is cast by a last pass (output channels in parallel).
 """
 

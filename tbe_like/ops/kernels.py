@@ -150,19 +150,26 @@ class Graph:
     # columns): the output stage computes it row by row (``schedules.layout``).
     row_periods: tuple[int, int, int] | None = None
     flops: int = 0  # of the convolution (its forward pass; each gradient has as many)
-    # The kernel's output argument, where ``output`` is a row-major view of it (same elements,
-    # another shape: ``bounds.prim_func``); None: ``output``'s shape.
-    output_shape: tuple[int, ...] | None = None
+    # The kernel's arguments' shapes where a tensor (an input, then the output) is a row-major
+    # view of its argument (same elements, another shape: ``bounds.prim_func``); None: the
+    # tensors' own.
+    arg_shapes: tuple | None = None
+
+    def shapes(self) -> list[tuple[int, ...]]:
+        """The shapes of the kernel's arguments: the inputs, then the output."""
+        tensors = [*self.inputs, self.output]
+        given = self.arg_shapes or (None,) * len(tensors)
+        return [tuple(s) if s is not None else tuple(int(d) for d in t.shape)
+                for t, s in zip(tensors, given, strict=True)]
 
     def result_shape(self) -> tuple[int, ...]:
         """The shape of the kernel's output argument."""
-        return self.output_shape or tuple(int(d) for d in self.output.shape)
+        return self.shapes()[-1]
 
     def specs(self) -> list[TensorSpec]:
-        """The kernel's arguments: the inputs, then the output (in its argument's shape)."""
-        *specs, out = (TensorSpec.of(t, layout) for t, layout in
-                       zip([*self.inputs, self.output], self.layouts, strict=True))
-        return [*specs, dataclasses.replace(out, shape=self.result_shape())]
+        """The kernel's arguments: the inputs, then the output, in their arguments' shapes."""
+        return [dataclasses.replace(TensorSpec.of(t, layout), shape=shape) for t, layout, shape
+                in zip([*self.inputs, self.output], self.layouts, self.shapes(), strict=True)]
 
 
 def _geometry(conv: Conv3d, group: GroupInfo, batch: int, in_spatial, out_spatial
@@ -519,7 +526,7 @@ def grad_weight_col(conv: Conv3d, prec: Precision,
     x's im2col matrix (``stages.DW_COL_X``) is small where positions are few, and a row of it
     is contiguous along a filter's (ci, kd, kh, kw), as dW's rows are: the columns are the
     vector axis, dy broadcast from the user's array. The product is a 2-D stage written
-    through a view of the user's OIDHW array (``Graph.output_shape``), cast by a pass of its
+    through a view of the user's OIDHW array (``Graph.arg_shapes``), cast by a pass of its
     own (``stages.DW_COL_CAST``) where the arrays are float16 or bfloat16. (Copied to the five
     axes by a pass of its own, as it was, the result took 45% of c3d conv4a's 1.53 ms: 14 MB
     written twice and read once more. With those axes fused into the vector axis, TVM left
@@ -554,7 +561,7 @@ def grad_weight_col(conv: Conv3d, prec: Precision,
 
     # (Cout, Cin*kd*kh*kw): 2-D, so that a vector of columns is one contiguous access (with
     # five axes fused, TVM left part of the loads and stores element by element), written
-    # through a view of the user's OIDHW array (``Graph.output_shape``).
+    # through a view of the user's OIDHW array (``Graph.arg_shapes``).
     acc = te.compute((conv.cout, columns), body, name=stages.DW_COL,
                      tag=stages.tag(FILTER_COL_OP, "gemm"))
     out = acc
@@ -563,7 +570,7 @@ def grad_weight_col(conv: Conv3d, prec: Precision,
                          name=stages.DW_COL_CAST, tag=stages.tag(FILTER_COL_OP, "cast"))
     p = ColFilterParams(conv.cout, columns, positions)
     return Graph(FILTER_COL_OP, p, [x, dy], out, ["NCDHW", "NCDHW", "NCDHW"],
-                 flops=conv.flops(), output_shape=conv.w_shape)
+                 flops=conv.flops(), arg_shapes=(None, None, conv.w_shape))
 
 
 def grad_input_col(conv: Conv3d, prec: Precision,
@@ -579,19 +586,20 @@ def grad_input_col(conv: Conv3d, prec: Precision,
     a 3x3 map) is read in place, once per tile of positions; the packed form flipped it into
     a copy first. ``cols`` is small where positions are few.
     """
+    positions, columns = _col_shape(conv)
     dy = _placeholder(conv.y_shape, names[0], prec.dtype)
-    w = _placeholder(conv.w_shape, names[1], prec.dtype)
+    # The user's filter seen as the (Cout, Cin*kd*kh*kw) matrix it is (``Graph.arg_shapes``).
+    w = _placeholder((conv.cout, columns), names[1], prec.dtype)
     convert = prec.convert()
     (sd, sh, sw), (dd, dh, dw) = conv.strides, conv.dilations
     front, top, left = conv.pads[0], conv.pads[2], conv.pads[4]
     do, ho, wo = conv.out_spatial
-    positions, columns = _col_shape(conv)
     rco = te.reduce_axis((0, conv.cout), name="co")
 
     def col_body(m, f):
         n, od, oh, ow = _col_position(conv, m)
         left_ = convert(dy[n, rco, od, oh, ow]).astype(ACC_DTYPE)
-        right = convert(w[(rco, *_col_cell(conv, f))]).astype(ACC_DTYPE)
+        right = convert(w[rco, f]).astype(ACC_DTYPE)
         return te.sum(left_ * right, axis=[rco])
 
     cols = te.compute((positions, columns), col_body, name=stages.DX_COL,
@@ -621,7 +629,7 @@ def grad_input_col(conv: Conv3d, prec: Precision,
                          name=stages.DX_COL_CAST, tag=stages.tag(INPUT_COL_OP, "cast"))
     p = ColInputParams(conv.cout, columns, positions)
     return Graph(INPUT_COL_OP, p, [dy, w], out, ["NCDHW", "NCDHW", "NCDHW"],
-                 flops=conv.flops())
+                 flops=conv.flops(), arg_shapes=(None, conv.w_shape, None))
 
 
 # Stride phases of dX up to which its input gradient is also built phase by phase
@@ -911,7 +919,7 @@ def one_core(target: Target) -> Target:
 def prim_func(graph: Graph):
     """The unscheduled PrimFunc of a kernel (its tuning workload), with 64-bit indices when a
     buffer is past 32-bit ones (``bounds.prim_func``)."""
-    return bounds.prim_func([*graph.inputs, graph.output], graph.output_shape)
+    return bounds.prim_func([*graph.inputs, graph.output], graph.arg_shapes)
 
 
 def schedule(sch, graph: Graph, target: Target, knobs=None):
