@@ -16,7 +16,7 @@ gather. The two are the same value: ``x`` where both guards hold, else the commo
 
 from __future__ import annotations
 
-from tvm_ffi import structural_map
+from tvm_ffi import structural_map, structural_walk
 
 from ._tvm import And, BufferReplacer, Call, IRModule, decl_buffer, s_tir, tirx
 
@@ -61,19 +61,31 @@ def param_alignment(target) -> int:
     return 0 if str(target.kind.name) == "llvm" else DEFAULT_PARAM_ALIGNMENT
 
 
+def _aligned(buffer, data=None):
+    """``buffer`` declared aligned to one element (on ``data``, for a view)."""
+    return decl_buffer(buffer.ty.shape, buffer.ty.dtype, buffer.name, data, buffer.ty.strides,
+                       buffer.ty.elem_offset, buffer.scope(), _itemsize(buffer),
+                       buffer.ty.offset_factor)
+
+
 def align_params(mod, target):
     """``mod`` with its parameters declared as :func:`param_alignment` says: aligned to one
     element for a CPU ``target``; unchanged for a GPU one (its vector copies need the
-    alignment, which ``Kernel`` checks at call time)."""
+    alignment, which ``Kernel`` checks at call time). So are the views of a parameter
+    (``bounds.prim_func``'s ``DeclBuffer``s, the only ones a scheduled module has): a view
+    declared 64-byte aligned made LLVM emit aligned moves on the user's array as well."""
     if param_alignment(target):
         return mod
     funcs = {}
     for gvar, func in mod.functions.items():
         if isinstance(func, tirx.PrimFunc):
-            replace = {p: decl_buffer(p.ty.shape, p.ty.dtype, p.name, None, p.ty.strides,
-                                      p.ty.elem_offset, p.scope(), _itemsize(p),
-                                      p.ty.offset_factor)
-                       for p in func.params if p.ty.data_alignment > _itemsize(p)}
+            replace = {p: _aligned(p) for p in func.params
+                       if p.ty.data_alignment > _itemsize(p)}
+            func = BufferReplacer(replace)(func) if replace else func
+            views = []
+            structural_walk(func, [(tirx.DeclBuffer, views.append)])
+            replace = {v.buffer: _aligned(v.buffer, v.data) for v in views
+                       if v.buffer.ty.data_alignment > _itemsize(v.buffer)}
             func = BufferReplacer(replace)(func) if replace else func
         funcs[gvar] = func
     return IRModule(funcs, attrs=mod.attrs)

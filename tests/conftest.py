@@ -197,3 +197,13 @@ def input_kernel(kernel_dir):
         return cache[key]
 
     return get
+
+
+def misaligned(a: np.ndarray, elements: int = 1) -> np.ndarray:
+    """A copy of ``a`` whose data starts ``elements`` past a 64-byte boundary."""
+    raw = np.empty(a.size + 64, a.dtype)
+    skip = (-raw.ctypes.data % 64) // a.itemsize + elements
+    out = raw[skip:skip + a.size].reshape(a.shape)
+    out[...] = a
+    assert out.ctypes.data % 64 == elements * a.itemsize
+    return out

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import test_cuda_emulated as emulated
-from conftest import NP_DTYPES, RTOL
+from conftest import NP_DTYPES, RTOL, misaligned
 from test_kernel import DY_SHAPE, FILTER_SIZE, X_SHAPE, assert_matches, expected_dw, para
 
 from tbe_like import arrays, layout, ops
@@ -46,16 +46,6 @@ def spy(kernel, monkeypatch) -> list:
 
 def address(a) -> int:
     return arrays.view_of(a).pointer
-
-
-def misaligned(a: np.ndarray, elements: int = 1) -> np.ndarray:
-    """A copy of ``a`` whose data starts ``elements`` past a 64-byte boundary."""
-    raw = np.empty(a.size + 64, a.dtype)
-    skip = (-raw.ctypes.data % 64) // a.itemsize + elements
-    out = raw[skip:skip + a.size].reshape(a.shape)
-    out[...] = a
-    assert out.ctypes.data % 64 == elements * a.itemsize
-    return out
 
 
 def test_numpy_inputs_are_read_in_place(kernel, data, monkeypatch):

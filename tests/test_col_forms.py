@@ -5,13 +5,19 @@ dilation, batches, every dtype, against NumPy; every kernel under the bounds pro
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
-from conftest import NP_DTYPES, RTOL, conv3d, run_form
-from tbe_like.schedules.common import HEURISTIC_LANES
+from conftest import NP_DTYPES, RTOL, conv3d, misaligned, run_form
+from tbe_like.schedules.common import HEURISTIC_LANES, Heuristic
 from tbe_like.schedules.llvm.conv3d_backprop_filter_col import tile
 
-from tbe_like import ops
+from tbe_like import bounds, ops
+from tbe_like._tvm import IRModule, s_tir, structural_walk, tirx
+from tbe_like.bounds import compile_checked
+from tbe_like.kernel import Kernel
+from tbe_like.lowering import align_params, param_alignment, prepare
 from tbe_like.ops import kernels
 from tbe_like.ops.convolution_backward import _other_forms, graph_of
 from tbe_like.target import host_target
@@ -95,3 +101,79 @@ def test_the_operator_races_them_and_computes_the_same(mask, measuring):
                                     dilation=[1] * 3, transposed=False,
                                     output_padding=[0] * 3, groups=1, output_mask=mask)[index]
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
+
+
+def _col_kernel(graph, lanes) -> Kernel:
+    """A col form's graph scheduled for ``lanes``, compiled (bounds proof, one element of
+    alignment assumed, as the operators' kernels) as a ``Kernel`` that NumPy arrays are handed
+    to in place."""
+    sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})), graph,
+                           TARGET, Heuristic(lanes))
+    executable = compile_checked(sch.mod, TARGET, "col")
+    specs = [s.to_json() for s in graph.specs()]
+    meta = {"kernel_name": "col", "inputs": specs[:-1], "outputs": specs[-1:],
+            "target_kind": "llvm", "arg_alignment": param_alignment(TARGET)}
+    return Kernel(executable["main"], meta, module=executable)
+
+
+def test_the_user_filter_is_seen_as_a_matrix():
+    """The input gradient reads the user's OIDHW filter, the weight gradient writes it, as the
+    (Cout, Cin*taps) matrix it is (``Graph.arg_shapes``): the kernels' arguments have the
+    user's shapes, the stages the matrix's."""
+    conv, _ = CASES["stride2-batch2"]
+    prec = kernels.Precision("float32", "float32")
+    columns = conv.cin * math.prod(conv.kernel)
+    for graph, index in ((kernels.grad_input_col(conv, prec), 1),
+                         (kernels.grad_weight_col(conv, prec), 2)):
+        tensors = [*graph.inputs, graph.output]
+        assert tuple(int(d) for d in tensors[index].shape) == (conv.cout, columns)
+        assert graph.shapes()[index] == conv.w_shape
+        assert graph.specs()[index].shape == conv.w_shape
+        func = kernels.prim_func(graph)
+        assert [tuple(int(d) for d in p.ty.shape) for p in func.params] == graph.shapes()
+
+
+@pytest.mark.parametrize("elements", [1, 3])
+@pytest.mark.parametrize("lanes", HEURISTIC_LANES)
+def test_the_views_read_and_write_misaligned_arrays(lanes, elements):
+    """The view of the user's filter is declared as aligned as the argument it views (one
+    element, ``lowering.align_params``): a filter, and a weight gradient written in place,
+    that start anywhere give the same results."""
+    conv, _ = CASES["k333-on-2x3x3"]
+    prec = kernels.Precision("float32", "float32")
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal(conv.x_shape).astype(np.float32)
+    w = rng.standard_normal(conv.w_shape).astype(np.float32)
+    dy = rng.standard_normal(conv.y_shape).astype(np.float32)
+    dx_want, dw_want, _ = ref.convolution_backward(
+        dy.astype(np.float64), x.astype(np.float64), w.astype(np.float64),
+        stride=list(conv.strides), padding=list(conv.pads[::2]), dilation=list(conv.dilations),
+        transposed=False, output_padding=[0, 0, 0], groups=1, output_mask=(True, True, False))
+    dx = _col_kernel(kernels.grad_input_col(conv, prec), lanes)(dy, misaligned(w, elements))
+    np.testing.assert_allclose(dx, dx_want, rtol=0, atol=2e-5 * np.abs(dx_want).max())
+    dw = misaligned(np.full(conv.w_shape, np.nan, np.float32), elements)
+    _col_kernel(kernels.grad_weight_col(conv, prec), lanes)(misaligned(x, elements), dy, out=dw)
+    np.testing.assert_allclose(dw, dw_want, rtol=0, atol=2e-5 * np.abs(dw_want).max())
+
+
+def test_a_view_must_hold_its_tensor():
+    conv, _ = CASES["dil2"]
+    graph = kernels.grad_input_col(conv, kernels.Precision("float32", "float32"))
+    with pytest.raises(ValueError, match="does not hold"):
+        bounds.prim_func([*graph.inputs, graph.output], (None, (1, 2, 3), None))
+
+
+def test_views_are_declared_as_aligned_as_their_arguments():
+    """``lowering.align_params`` declares a view of an argument aligned to one element, as the
+    argument: declared 64-byte aligned (TVM's default), it would let LLVM emit aligned moves on
+    the user's array."""
+    conv, _ = CASES["k333-on-2x3x3"]
+    prec = kernels.Precision("float32", "float32")
+    for graph in (kernels.grad_input_col(conv, prec), kernels.grad_weight_col(conv, prec)):
+        sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})),
+                               graph, TARGET, None)
+        views = []
+        structural_walk(align_params(prepare(sch.mod), TARGET)["main"],
+                        [(tirx.DeclBuffer, views.append)])
+        assert len(views) == 1
+        assert views[0].buffer.ty.data_alignment == 4
