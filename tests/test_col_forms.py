@@ -177,3 +177,24 @@ def test_views_are_declared_as_aligned_as_their_arguments():
                         [(tirx.DeclBuffer, views.append)])
         assert len(views) == 1
         assert views[0].buffer.ty.data_alignment == 4
+
+
+@pytest.mark.parametrize("kind", ["grad_weight", "grad_input"])
+def test_every_form_takes_the_arguments_of_the_kernel(kind):
+    """Measured selection times every form of a kernel on one set of arguments, and the
+    winner is exported under the kernel's argument specs: each form's function declares the
+    same argument shapes and dtypes as the kernel's own, views included."""
+    prec = kernels.Precision("float32", "float32")
+    for conv in (conv3d(1, 32, (2, 4, 4), 48, (3, 3, 3)),  # col and Winograd's direct form
+                 conv3d(1, 3, (4, 12, 12), 16, (3, 7, 7), stride=(1, 2, 2)),  # rows
+                 conv3d(1, 64, (2, 4, 4), 32, (1, 1, 1), pad=0)):  # 1x1x1: dot, col, rows
+        graph = graph_of(kind, conv, prec, target=TARGET)
+        forms = _other_forms(graph, kind, conv, prec, False, TARGET)
+        assert forms, conv
+        want = [(tuple(int(d) for d in p.ty.shape), str(p.ty.dtype))
+                for p in kernels.prim_func(graph).params]
+        assert [s.shape for s in graph.specs()] == [w[0] for w in want]
+        for name, form in forms.items():
+            got = [(tuple(int(d) for d in p.ty.shape), str(p.ty.dtype))
+                   for p in kernels.prim_func(form).params]
+            assert got == want, (name, conv)
