@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tbe_like._tvm import s_tir, tirx
+from tbe_like.lowering import LIVE_ROWS
 from tbe_like.target import vector_lanes
 
 # Pass as a rule's ``knobs`` to draw the knobs with ``sample_perfect_tile`` instead of fixing
@@ -150,6 +151,20 @@ def block_names(sch) -> list[str]:
     """The names of the blocks under the root block, in program order."""
     root = sch.get_sblock("root")
     return [sch.get(block).name_hint for block in sch.get_child_blocks(root)]
+
+
+def skip_padding(sch, block, buffer: str, rows: dict[int, tuple[int, int]]) -> None:
+    """Declare that the terms of reduction ``block`` are zero where its read of ``buffer`` (a
+    zero-padded stage) lies outside ``rows`` (``{axis: (first, end)}``), so that the build
+    skips them (``tbe_like.lowering.skip_padding``): an annotation, a step of the schedule's
+    trace. Axes whose rows are the whole buffer are left out."""
+    (read,) = [r for r in sch.get(block).reads if r.source.name == buffer]
+    shape = [int(d) for d in read.source.ty.shape]
+    live = [value for axis, (first, end) in sorted(rows.items())
+            if first > 0 or end < shape[axis]
+            for value in (axis, max(0, first), min(end, shape[axis]))]
+    if live:
+        sch.annotate(block, LIVE_ROWS, [buffer, *live])
 
 
 def flatten_init(sch, init, lanes: int, outer: int = 1) -> None:

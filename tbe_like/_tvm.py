@@ -11,7 +11,7 @@ import tvm
 from tvm import runtime as tvm_runtime
 from tvm import s_tir, sym, te, tirx, topi  # sym: the integer analysis (tvm.arith before 0.27)
 from tvm.ir import IRModule
-from tvm.ir.expr import Call, TensorLoad  # a call; a buffer read (tirx.BufferLoad before 0.27)
+from tvm.ir.expr import Call, TensorLoad, Var  # TensorLoad: tirx.BufferLoad before 0.27
 from tvm.ir.prim.expr import LT, And, FloorDiv
 from tvm.s_tir import TensorIntrin
 from tvm.s_tir.dlight.analysis import get_root_block
@@ -39,6 +39,7 @@ __all__ = [
     "Target",
     "TensorIntrin",
     "TensorLoad",
+    "Var",
     "decl_buffer",
     "from_dlpack",
     "gemm_index_maps",
