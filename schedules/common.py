@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tbe_like._tvm import s_tir, tirx
-from tbe_like.lowering import LIVE_ROWS
+from tbe_like.lowering import LIVE_ROWS, SOURCE_ROWS
 from tbe_like.target import vector_lanes
 
 # Pass as a rule's ``knobs`` to draw the knobs with ``sample_perfect_tile`` instead of fixing
@@ -153,15 +153,22 @@ def block_names(sch) -> list[str]:
     return [sch.get(block).name_hint for block in sch.get_child_blocks(root)]
 
 
-def skip_padding(sch, block, buffer: str, rows: dict[int, tuple[int, int]]) -> None:
-    """Declare that the terms of reduction ``block`` are zero where its read of ``buffer`` (a
-    zero-padded stage) lies outside ``rows`` (``{axis: (first, end)}``), so that the build
-    skips them (``tbe_like.lowering.skip_padding``): an annotation, a step of the schedule's
-    trace. Axes whose rows are the whole buffer are left out."""
+def skip_padding(sch, block, buffer: str, axes: tuple[int, ...]) -> None:
+    """Declare that the terms of reduction ``block`` are products with values of the stage
+    ``buffer`` that it reads, a zero-padded stage (or a transform of one along other axes), so
+    that the build skips the terms whose read lies in the padding along ``axes``
+    (``tbe_like.lowering.skip_padding``). Where the padding lies the stage declares itself
+    (``lowering.SOURCE_ROWS``). An annotation: a step of the schedule's trace, which tuning
+    records replay. Axes whose source rows are the whole stage are left out."""
+    declared = sch.get(sch.get_sblock(buffer)).annotations.get(SOURCE_ROWS)
+    if declared is None:
+        return
+    flat = [int(v) for v in declared]
+    rows = {flat[i]: (flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)}
     (read,) = [r for r in sch.get(block).reads if r.source.name == buffer]
     shape = [int(d) for d in read.source.ty.shape]
-    live = [value for axis, (first, end) in sorted(rows.items())
-            if first > 0 or end < shape[axis]
+    live = [value for axis in sorted(axes) if axis in rows
+            for first, end in [rows[axis]] if first > 0 or end < shape[axis]
             for value in (axis, max(0, first), min(end, shape[axis]))]
     if live:
         sch.annotate(block, LIVE_ROWS, [buffer, *live])

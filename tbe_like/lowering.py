@@ -36,6 +36,22 @@ _IF_THEN_ELSE = "prim.if_then_else"
 # axis, first, end, axis, first, end, ...]``, the rows ``first <= index < end`` along each
 # ``axis`` of the buffer it reads (:func:`skip_padding`).
 LIVE_ROWS = "tbe_like.live_rows"
+# The annotation (a ``te.compute`` attribute) of a zero-padded stage: ``[axis, first, end,
+# ...]``, the rows along each axis that hold its source; it is zero elsewhere.
+SOURCE_ROWS = "tbe_like.source_rows"
+
+
+def source_rows(rows: dict[int, tuple[int, int]]) -> dict:
+    """The ``te.compute`` attributes of a padded stage whose source lies in ``rows`` (``{axis:
+    (first, end)}``)."""
+    return {SOURCE_ROWS: [int(v) for axis, (first, end) in sorted(rows.items())
+                          for v in (axis, first, end)]}
+
+
+def declared_rows(tensor) -> dict[int, tuple[int, int]]:
+    """The source rows a padded stage (a TE tensor) declares (:func:`source_rows`)."""
+    flat = [int(v) for v in (tensor.op.attrs or {}).get(SOURCE_ROWS, [])]
+    return {flat[i]: (flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)}
 
 
 def _is_guard(expr) -> bool:

@@ -7,7 +7,7 @@ from tbe_like.schedules.common import skip_padding
 
 from tbe_like._tvm import Call, IRModule, T, Target, s_tir, structural_walk, te, tirx, tvm
 from tbe_like.bounds import compile_checked
-from tbe_like.lowering import LIVE_ROWS, fold_guards
+from tbe_like.lowering import LIVE_ROWS, fold_guards, source_rows
 from tbe_like.lowering import skip_padding as skip_padding_pass
 
 
@@ -64,12 +64,12 @@ def _padded_sum(live: bool):
     w = te.placeholder((5,), "float32", name="w")
     pad = te.compute((12,), lambda j: tirx.if_then_else(
         tirx.all(j >= 2, j < 10), x[tirx.max(tirx.min(j - 2, 7), 0)], tirx.const(0, "float32")),
-        name="pad")
+        name="pad", attrs=source_rows({0: (2, 10)}))
     k = te.reduce_axis((0, 5), name="k")
     s = te.compute((8,), lambda i: te.sum(w[k] * pad[i + k], axis=k), name="s")
     sch = s_tir.Schedule(IRModule({"main": te.create_prim_func([x, w, s])}))
     if live:
-        skip_padding(sch, sch.get_sblock("s"), "pad", {0: (2, 10)})
+        skip_padding(sch, sch.get_sblock("s"), "pad", (0,))
     return sch.mod
 
 
@@ -92,38 +92,61 @@ def test_a_reduction_skips_the_padding_it_declares():
         np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-6)
 
 
-def test_rows_that_cover_the_buffer_are_not_declared():
-    mod = _padded_sum(live=False)
-    sch = s_tir.Schedule(mod)
-    skip_padding(sch, sch.get_sblock("s"), "pad", {0: (0, 12)})
+def test_only_padded_axes_of_declared_stages_are_skipped():
+    """An axis not asked for, or a stage that declares no source rows, declares nothing."""
+    sch = s_tir.Schedule(_padded_sum(live=False))
+    skip_padding(sch, sch.get_sblock("s"), "pad", (1,))
     assert LIVE_ROWS not in sch.get(sch.get_sblock("s")).annotations
+    x = te.placeholder((8,), "float32", name="x")
+    y = te.compute((8,), lambda i: x[i] * 2, name="y")
+    k = te.reduce_axis((0, 8), name="k")
+    z = te.compute((1,), lambda i: te.sum(y[k] * y[k], axis=k), name="z")
+    sch = s_tir.Schedule(IRModule({"main": te.create_prim_func([x, z])}))
+    skip_padding(sch, sch.get_sblock("z"), "y", (0,))
+    assert LIVE_ROWS not in sch.get(sch.get_sblock("z")).annotations
 
 
-def test_the_weight_gradient_declares_its_padded_rows():
-    """The packed weight gradient's reduction declares x's live rows along D and H where x is
-    padded there (a 4-frame clip under a 3x3x3 kernel), every knob set, Winograd too; not
-    where it is not."""
-    from conftest import conv3d
+def _declared(graph, target) -> set:
+    """The live rows the rules' every candidate declares on the graph's reductions."""
     from tbe_like.schedules import candidates
+
+    from tbe_like.ops import kernels
+
+    found = set()
+    for knobs in candidates(graph.op, target):
+        sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})),
+                               graph, target, knobs)
+        structural_walk(sch.mod, [(s_tir.SBlock, lambda b: found.add(
+            tuple(str(v) for v in b.annotations[LIVE_ROWS]) if LIVE_ROWS in b.annotations
+            else None))])
+    return found - {None}
+
+
+def test_the_rules_declare_the_padded_rows_they_read():
+    """Where x (dW) or dy (dX) is padded along D or H, the reductions of the packed weight
+    gradient (direct and Winograd), of the few-channel rows form and of the input gradient
+    (direct and Winograd) declare the padded stage's source rows there, every knob set; not
+    where nothing is padded."""
+    from conftest import conv3d
 
     from tbe_like.ops import kernels
     from tbe_like.target import host_target
 
     target = host_target()
     prec = kernels.Precision("float32", "float32")
-
-    def declared(conv, winograd=False):
-        graph = kernels.grad_weight(conv, prec, unpack_cells=True, winograd=winograd)
-        found = set()
-        for knobs in candidates(graph.op, target):
-            sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})),
-                                   graph, target, knobs)
-            structural_walk(sch.mod, [(s_tir.SBlock, lambda b: found.add(
-                tuple(str(v) for v in b.annotations[LIVE_ROWS]) if LIVE_ROWS in
-                b.annotations else None))])
-        return found - {None}
-
     padded = conv3d(1, 16, (4, 6, 8), 16, (3, 3, 3))
-    assert declared(padded) == {("dw_fmap_pad", "1", "1", "5", "3", "1", "7")}
-    assert declared(padded, winograd=True) == {("dw_wino_x", "1", "1", "5", "3", "1", "7")}
-    assert not declared(conv3d(1, 16, (4, 6, 8), 16, (1, 1, 3), pad=(0, 0, 1)))
+    d_h = ("1", "1", "5", "3", "1", "7")
+    assert _declared(kernels.grad_weight(padded, prec, unpack_cells=True), target) == {
+        ("dw_fmap_pad", *d_h)}
+    assert _declared(kernels.grad_weight(padded, prec, unpack_cells=True, winograd=True),
+                     target) == {("dw_wino_x", *d_h)}
+    stem = conv3d(1, 3, (4, 10, 12), 8, (3, 5, 5), stride=(1, 2, 2), pad=(1, 2, 2))
+    assert _declared(kernels.grad_weight_rows(stem, prec), target) == {
+        ("dw_rows_x", "2", "1", "5", "3", "2", "12")}
+    # (D's border rows are blocks of their own there: dy is not padded along D.)
+    assert _declared(kernels.grad_input(padded, prec), target) == {("dx_dy_pad", "3", "1", "7")}
+    assert _declared(kernels.grad_input(padded, prec, winograd=True), target) == {
+        ("dx_wino_dy", "4", "1", "7")}
+    flat = conv3d(1, 16, (4, 6, 8), 16, (1, 1, 3), pad=(0, 0, 1))
+    assert not _declared(kernels.grad_weight(flat, prec, unpack_cells=True), target)
+    assert not _declared(kernels.grad_input(flat, prec), target)

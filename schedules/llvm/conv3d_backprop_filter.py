@@ -256,7 +256,7 @@ def schedule(sch, p: BackpropFilterParams, target,
     sch.unroll(kw_i)
     outer = [sch.get(loop).same_as(sch.get(first)) for loop in sch.get_loops(mad)].index(True)
     flatten_init(sch, sch.decompose_reduction(mad, first), int(sch.get(ci0).extent), outer)
-    _skip_padding(sch, mad, p, winograd)
+    _skip_padding(sch, mad, winograd)
     if stages.DW_RES in block_names(sch):  # else the result layout reads dw_mad itself
         fuse_parallel_vectorize(sch, stages.DW_RES, 2, target)
     if not split_k and not winograd and inner == 2 and any(
@@ -270,15 +270,13 @@ def schedule(sch, p: BackpropFilterParams, target,
     return sch
 
 
-def _skip_padding(sch, update, p: BackpropFilterParams, winograd: bool) -> None:
+def _skip_padding(sch, update, winograd: bool) -> None:
     """The reduction's steps whose row of x (D, H) is padding add nothing: declared so that the
     build skips them (``schedules.common.skip_padding``). (The padded W columns stay: they
     vary inside the register tile.) On a 4-frame clip a (3,1,1) kernel multiplied zeros in
     17% of its steps: I3D's 256 -> 64 temporal layer 1.57 -> 1.34 ms, c3d conv3b (3x3x3 on
     4x7x7) 3.96 -> 3.25 (Zen 4)."""
-    (front, top, _), (depth, height, _) = p.geometry.pads_before, p.geometry.in_spatial
-    buffer = stages.DW_WINO_X if winograd else stages.DW_FMAP_PAD
-    skip_padding(sch, update, buffer, {1: (front, front + depth), 3: (top, top + height)})
+    skip_padding(sch, update, stages.DW_WINO_X if winograd else stages.DW_FMAP_PAD, (1, 3))
 
 
 def _check_divides(sch, knobs: Knobs, co, kw, ho, ci1) -> None:

@@ -31,6 +31,7 @@ from ..common import (
     fuse_parallel_vectorize,
     knob_lanes,
     parallel,
+    skip_padding,
     sum_lanes_in_task,
     width_candidates,
 )
@@ -71,4 +72,7 @@ def schedule(sch, p: RowsFilterParams, target, knobs: Heuristic | None = None):
     sch.vectorize(lane)
     sum_lanes_in_task(sch, rf, n, rows, task,
                       stages.DW_ROWS_CAST if stages.DW_ROWS_CAST in names else None)
+    # A tap's rows that read x's padding add nothing: skipped (I3D's (5,7,7) stem on 4 frames
+    # multiplied zeros in 30% of its steps, D; 6.6 -> 4.7 ms on Zen 4).
+    skip_padding(sch, rf, stages.DW_ROWS_X, (2, 3))
     return sch

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from .. import stages
 from .._tvm import te, tirx
+from ..lowering import declared_rows as _declared
+from ..lowering import source_rows
 from ..params import FILTER_OP, BackpropFilterParams
 from .winograd import Winograd, choose, combine, pick, tile_base, winograd_tiles
 
@@ -60,7 +62,10 @@ def _fmap_pad(x: te.Tensor, p: BackpropFilterParams, out_w: int | None = None) -
         return tirx.if_then_else(inside, x[nn, d - front, c1, h - top, w - left, cc], zero)
 
     shape = (n, ext[0], g.real_g * g.cin1_g, ext[1], ext[2], c0)
-    return te.compute(shape, body, name=stages.DW_FMAP_PAD, tag=_tag("fmap_pad"))
+    # Where x lies, for reductions that skip the padding (``lowering.skip_padding``).
+    rows = {1: (front, front + d_in), 3: (top, top + h_in), 4: (left, left + w_in)}
+    return te.compute(shape, body, name=stages.DW_FMAP_PAD, tag=_tag("fmap_pad"),
+                      attrs=source_rows(rows))
 
 
 def _fmap_col(x_pad: te.Tensor, p: BackpropFilterParams) -> te.Tensor:
@@ -122,8 +127,11 @@ def _winograd_x(x_pad: te.Tensor, wino: Winograd, s: int, tiles: int) -> te.Tens
              for k in range(wino.points)]
         return pick(e, [combine(row, x) for row in wino.bt])
 
+    # Transformed along W only: zero in the padded x's D and H padding as x_pad is.
+    rows = {axis: (first, end) for axis, (first, end) in _declared(x_pad).items()
+            if axis in (1, 3)}
     return te.compute((n, d, c1, h, wino.points, tiles, c0), body, name=stages.DW_WINO_X,
-                      tag=_tag("wino_x"))
+                      tag=_tag("wino_x"), attrs=source_rows(rows))
 
 
 def _winograd_dy(dy_mat: te.Tensor, wino: Winograd, s: int, tiles: int) -> te.Tensor:

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from .. import stages
 from .._tvm import te, tirx
 from ..groups import FRACTAL_N0
+from ..lowering import declared_rows, source_rows
 from ..params import INPUT_OP, BackpropInputParams
 from .winograd import Winograd, choose, combine, pick, tile_base, winograd_tiles
 
@@ -106,7 +107,10 @@ def _padded(src: te.Tensor, p: BackpropInputParams, extent, lead, sizes) -> te.T
                                                                                strict=True)))
         return tirx.if_then_else(inside, src[nn, u[0], c1, u[1], u[2], cc], zero)
 
-    return te.compute(shape, body, name=stages.DX_DY_PAD, tag=_tag("dy_pad"))
+    # Where the source lies, for reductions that skip the padding (``lowering.skip_padding``).
+    rows = {axis: (lo, lo + size) for axis, lo, size in zip((1, 3, 4), lead, sizes, strict=True)}
+    return te.compute(shape, body, name=stages.DX_DY_PAD, tag=_tag("dy_pad"),
+                      attrs=source_rows(rows))
 
 
 def _merged_group(cb, g):
@@ -589,7 +593,11 @@ def _winograd_dy(dy_pad: te.Tensor, lead: int, axis: AxisPhase, wino: Winograd) 
         return pick(e, [combine(row, x) for row in wino.bt])
 
     shape = (n, d, wino.points, c1, h, _winograd_tiles(axis, wino.m), c0)
-    return te.compute(shape, body, name=stages.DX_WINO_DY, tag=_tag("wino_dy"))
+    # Transformed along W only: zero in dy_pad's D and H padding (its axes 1 and 3) as it is.
+    rows = declared_rows(dy_pad)
+    return te.compute(shape, body, name=stages.DX_WINO_DY, tag=_tag("wino_dy"),
+                      attrs=source_rows({into: rows[axis] for axis, into in ((1, 1), (3, 4))
+                                         if axis in rows}))
 
 
 def _winograd_filter(w_flip: te.Tensor, axis: AxisPhase, wino: Winograd) -> te.Tensor:

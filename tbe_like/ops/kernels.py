@@ -30,6 +30,7 @@ from ..compute import layout as lt
 from ..compute.conv3d_backprop_input import conv3d_forward, result_periods
 from ..groups import GroupInfo, group_info
 from ..kernel import Kernel, TensorSpec, export_kernel
+from ..lowering import source_rows
 from ..params import (
     FILTER_COL_OP,
     FILTER_DOT_OP,
@@ -439,7 +440,8 @@ def grad_weight_rows(conv: Conv3d, prec: Precision,
         return tirx.if_then_else(inside, x[n, ci, d - front, h - top, w - left], zero)
 
     xs = te.compute((conv.batch, conv.cin, depth, height, phases, columns), x_body,
-                    name=stages.DW_ROWS_X, tag=stages.tag(FILTER_ROWS_OP, "x"))
+                    name=stages.DW_ROWS_X, tag=stages.tag(FILTER_ROWS_OP, "x"),
+                    attrs=source_rows({2: (front, front + in_d), 3: (top, top + in_h)}))
     if row == wo:
         dy_row = dy
     else:
