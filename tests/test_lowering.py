@@ -75,13 +75,13 @@ def _padded_sum(live: bool):
 
 
 def test_a_reduction_skips_the_padding_it_declares():
-    """The annotated reduction is predicated on its read being in the live rows (the terms
-    there are zero), and computes the same sum."""
+    """The annotated reduction's loop nest tests that its read is in the live rows (the terms
+    elsewhere are zero), and computes the same sum."""
     mod = _padded_sum(live=True)
-    predicates = []
-    structural_walk(skip_padding_pass(mod), [(s_tir.SBlockRealize,
-                                             lambda r: predicates.append(str(r.predicate)))])
-    assert "i + k >= 2 and i + k < 10" in predicates, predicates
+    tests = []
+    structural_walk(skip_padding_pass(mod), [(tirx.IfThenElse,
+                                             lambda n: tests.append(str(n.condition)))])
+    assert tests == ["i + k >= 2 and i + k < 10"], tests
     rng = np.random.default_rng(0)
     x, w = rng.standard_normal(8).astype("float32"), rng.standard_normal(5).astype("float32")
     want = np.convolve(np.pad(x, 2), w[::-1], mode="valid")
@@ -91,6 +91,21 @@ def test_a_reduction_skips_the_padding_it_declares():
         compile_checked(_padded_sum(live), target)["main"](tvm.runtime.tensor(x),
                                                            tvm.runtime.tensor(w), out)
         np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_test_stays_outside_unrolled_loops():
+    """The test goes in the innermost loop it depends on, above the loops it does not; where
+    that loop is unrolled or vectorized (a register tile) nothing is skipped."""
+    sch = s_tir.Schedule(_padded_sum(live=True))
+    i, k = sch.get_loops(sch.get_sblock("s"))
+    sch.reorder(k, i)
+    _, inner = sch.split(i, [None, 4])
+    tests, kinds = [], []
+    structural_walk(skip_padding_pass(sch.mod), [(tirx.IfThenElse, tests.append)])
+    assert len(tests) == 1  # under the inner i loop: it depends on i
+    sch.unroll(inner)
+    structural_walk(skip_padding_pass(sch.mod), [(tirx.IfThenElse, kinds.append)])
+    assert not kinds
 
 
 def test_only_padded_axes_of_declared_stages_are_skipped():
