@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tbe_like._tvm import s_tir, tirx
-from tbe_like.lowering import LIVE_ROWS, SOURCE_ROWS
+from tbe_like.lowering import LIVE_ROWS, SOURCE_ROWS, rows_of
 from tbe_like.target import vector_lanes
 
 # Pass as a rule's ``knobs`` to draw the knobs with ``sample_perfect_tile`` instead of fixing
@@ -163,8 +163,7 @@ def skip_padding(sch, block, buffer: str, axes: tuple[int, ...]) -> None:
     declared = sch.get(sch.get_sblock(buffer)).annotations.get(SOURCE_ROWS)
     if declared is None:
         return
-    flat = [int(v) for v in declared]
-    rows = {flat[i]: (flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)}
+    rows = rows_of(declared)
     (read,) = [r for r in sch.get(block).reads if r.source.name == buffer]
     shape = [int(d) for d in read.source.ty.shape]
     live = [value for axis in sorted(axes) if axis in rows

@@ -51,10 +51,16 @@ def source_rows(rows: dict[int, tuple[int, int]]) -> dict:
                           for v in (axis, first, end)]}
 
 
+def rows_of(flat) -> dict[int, tuple[int, int]]:
+    """``{axis: (first, end)}`` of the triples ``[axis, first, end, ...]`` that
+    :data:`SOURCE_ROWS` and :data:`LIVE_ROWS` (after the buffer's name) hold."""
+    flat = [int(v) for v in flat]
+    return {flat[i]: (flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)}
+
+
 def declared_rows(tensor) -> dict[int, tuple[int, int]]:
     """The source rows a padded stage (a TE tensor) declares (:func:`source_rows`)."""
-    flat = [int(v) for v in (tensor.op.attrs or {}).get(SOURCE_ROWS, [])]
-    return {flat[i]: (flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)}
+    return rows_of((tensor.op.attrs or {}).get(SOURCE_ROWS, []))
 
 
 def _is_guard(expr) -> bool:
@@ -140,8 +146,7 @@ def _live_condition(realize):
     values = {iv.var: value for iv, value in zip(block.iter_vars, realize.iter_values,
                                                  strict=True)}
     cond = None
-    for i in range(0, len(flat), 3):
-        axis, first, end = (int(v) for v in flat[i:i + 3])
+    for axis, (first, end) in rows_of(flat).items():
         index = structural_map(regions[0].region[axis].min, [(Var, lambda v: values.get(v, v))])
         live = And(index >= first, index < end)
         cond = live if cond is None else And(cond, live)
@@ -202,7 +207,13 @@ def _place_live_condition(loop):
 def skip_padding(mod):
     """``mod`` with the loop nest of every block annotated with :data:`LIVE_ROWS` skipping the
     iterations whose read lies outside those rows (see the module's doc and
-    :func:`_place_live_condition`); the annotation is then dropped."""
+    :func:`_place_live_condition`); the annotation is then dropped. (Every build comes through
+    here: a module without the annotation is returned as it is, its loops not walked.)"""
+    annotated = []
+    structural_walk(mod, [(s_tir.SBlock, lambda b: annotated.append(b)
+                           if LIVE_ROWS in b.annotations else None)])
+    if not annotated:
+        return mod
     mod = structural_map(mod, [(tirx.For, _place_live_condition)])
     return structural_map(mod, [(s_tir.SBlockRealize, lambda r: _without_live_rows(r)
                                  if LIVE_ROWS in r.block.annotations else r)])

@@ -72,12 +72,17 @@ LAYOUT_OUT = "layout_out"
 LAYOUT_OUT_NCDHW = "layout_out_ncdhw"  # an output unpacked from 6HD to (N, C, D, H, W)
 
 
-def stage_names(tensor) -> set[str]:
-    """The names of every stage a tensor expression's result is computed from (its own too)."""
-    seen, todo = set(), [tensor]
+def stage_tensors(tensor) -> dict:
+    """Every stage a tensor expression's result is computed from (its own too), by name."""
+    seen, todo = {}, [tensor]
     while todo:
         t = todo.pop()
         if t.op.name not in seen:
-            seen.add(t.op.name)
+            seen[t.op.name] = t
             todo += list(t.op.input_tensors)
     return seen
+
+
+def stage_names(tensor) -> set[str]:
+    """The names of every stage a tensor expression's result is computed from (its own too)."""
+    return set(stage_tensors(tensor))

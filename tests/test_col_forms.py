@@ -38,6 +38,16 @@ CASES = {  # (conv, dtype)
 }
 
 
+def _gradients(conv, x, w, dy):
+    """(dX, dW) of ``conv`` (no groups, padded alike on both sides) by the NumPy reference, in
+    float64."""
+    dx, dw, _ = ref.convolution_backward(
+        dy.astype(np.float64), x.astype(np.float64), w.astype(np.float64),
+        stride=list(conv.strides), padding=list(conv.pads[::2]), dilation=list(conv.dilations),
+        transposed=False, output_padding=[0, 0, 0], groups=1, output_mask=(True, True, False))
+    return dx, dw
+
+
 @pytest.mark.parametrize("lanes", HEURISTIC_LANES)
 @pytest.mark.parametrize("name", list(CASES))
 def test_every_tile_matches_reference(name, lanes):
@@ -48,10 +58,7 @@ def test_every_tile_matches_reference(name, lanes):
     x = rng.standard_normal(conv.x_shape).astype(NP_DTYPES[dtype])
     w = rng.standard_normal(conv.w_shape).astype(NP_DTYPES[dtype])
     dy = rng.standard_normal(conv.y_shape).astype(NP_DTYPES[dtype])
-    dx_want, dw_want, _ = ref.convolution_backward(
-        dy.astype(np.float64), x.astype(np.float64), w.astype(np.float64),
-        stride=list(conv.strides), padding=list(conv.pads[::2]), dilation=list(conv.dilations),
-        transposed=False, output_padding=[0, 0, 0], groups=1, output_mask=(True, True, False))
+    dx_want, dw_want = _gradients(conv, x, w, dy)
     dw = run_form(kernels.grad_weight_col(conv, prec), lanes, (x, dy))
     np.testing.assert_allclose(dw, dw_want, rtol=0, atol=RTOL[dtype] * np.abs(dw_want).max())
     dx = run_form(kernels.grad_input_col(conv, prec), lanes, (dy, w))
@@ -145,10 +152,7 @@ def test_the_views_read_and_write_misaligned_arrays(lanes, elements):
     x = rng.standard_normal(conv.x_shape).astype(np.float32)
     w = rng.standard_normal(conv.w_shape).astype(np.float32)
     dy = rng.standard_normal(conv.y_shape).astype(np.float32)
-    dx_want, dw_want, _ = ref.convolution_backward(
-        dy.astype(np.float64), x.astype(np.float64), w.astype(np.float64),
-        stride=list(conv.strides), padding=list(conv.pads[::2]), dilation=list(conv.dilations),
-        transposed=False, output_padding=[0, 0, 0], groups=1, output_mask=(True, True, False))
+    dx_want, dw_want = _gradients(conv, x, w, dy)
     dx = _col_kernel(kernels.grad_input_col(conv, prec), lanes)(dy, misaligned(w, elements))
     np.testing.assert_allclose(dx, dx_want, rtol=0, atol=2e-5 * np.abs(dx_want).max())
     dw = misaligned(np.full(conv.w_shape, np.nan, np.float32), elements)

@@ -122,16 +122,6 @@ def test_only_padded_axes_of_declared_stages_are_skipped():
     assert LIVE_ROWS not in sch.get(sch.get_sblock("z")).annotations
 
 
-def _tensors(tensor) -> list:
-    """Every stage a TE tensor is computed from, itself included."""
-    found, todo = [], [tensor]
-    while todo:
-        t = todo.pop()
-        found.append(t)
-        todo += list(t.op.input_tensors)
-    return found
-
-
 def _declared(graph, target) -> set:
     """The live rows the rules' every candidate declares on the graph's reductions."""
     from tbe_like.schedules import candidates
@@ -175,6 +165,5 @@ def test_the_rules_declare_the_padded_rows_they_read():
     assert not _declared(kernels.grad_input(padded, prec), target)
     for winograd, stage, h in ((False, stages.DX_DY_PAD, 3), (True, stages.DX_WINO_DY, 4)):
         graph = kernels.grad_input(padded, prec, winograd=winograd)
-        found = [t for t in _tensors(graph.output) if t.op.name == stage]
-        rows = declared_rows(found[0])
+        rows = declared_rows(stages.stage_tensors(graph.output)[stage])
         assert rows[h] == (1, 7) and rows[1] == (0, 4), (stage, rows)

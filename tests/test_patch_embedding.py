@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import stage_names, tiered
 
-from tbe_like import ops
+from tbe_like import ops, stages
 from tbe_like.ops import kernels
 from tbe_like.testing import reference as ref
 
@@ -98,19 +98,9 @@ def test_folded_phases_share_channel_blocks(name, blocks):
     gaps and padding 6 and 3 lanes of 4 channels; 3 groups of 2 channels merged into one
     (the filter is zero across groups) 4 lanes x 6, in each of its two W groups."""
     graph = kernels.grad_input(_conv(name), kernels.Precision("float32", "float32"))
-    mads = sorted((t for t in _stages(graph.output) if t.op.name.startswith("dx_mad")),
-                  key=lambda t: t.op.name)
+    mads = sorted((t for name, t in stages.stage_tensors(graph.output).items()
+                   if name.startswith("dx_mad")), key=lambda t: t.op.name)
     assert [int(t.shape[2]) for t in mads] == blocks
-
-
-def _stages(tensor):
-    seen, stack = {}, [tensor]
-    while stack:
-        t = stack.pop()
-        if t.op.name not in seen:
-            seen[t.op.name] = t
-            stack.extend(getattr(t.op, "input_tensors", []))
-    return list(seen.values())
 
 
 AXES = list(itertools.product(range(1, 12), range(1, 6), range(1, 9), range(1, 4), range(4)))

@@ -26,8 +26,7 @@ from __future__ import annotations
 
 from .. import stages
 from .._tvm import te, tirx
-from ..lowering import declared_rows as _declared
-from ..lowering import source_rows
+from ..lowering import declared_rows, source_rows
 from ..params import FILTER_OP, BackpropFilterParams
 from .winograd import Winograd, choose, combine, pick, tile_base, winograd_tiles
 
@@ -128,7 +127,7 @@ def _winograd_x(x_pad: te.Tensor, wino: Winograd, s: int, tiles: int) -> te.Tens
         return pick(e, [combine(row, x) for row in wino.bt])
 
     # Transformed along W only: zero in the padded x's D and H padding as x_pad is.
-    rows = {axis: (first, end) for axis, (first, end) in _declared(x_pad).items()
+    rows = {axis: (first, end) for axis, (first, end) in declared_rows(x_pad).items()
             if axis in (1, 3)}
     return te.compute((n, d, c1, h, wino.points, tiles, c0), body, name=stages.DW_WINO_X,
                       tag=_tag("wino_x"), attrs=source_rows(rows))

@@ -503,8 +503,9 @@ def _col_position(conv: Conv3d, m):
 
 def _col_cell(conv: Conv3d, f):
     """(ci, kd, kh, kw) of column ``f`` of an im2col matrix, in the nested form (``f % taps``,
-    then ``% (kh * kw)``) that TVM's simplifier folds back to ``f`` in a flattened access: a
-    vector of columns is then one contiguous load of the user's filter."""
+    then ``% (kh * kw)``) that TVM's simplifier folds back to ``f`` in a flattened access of a
+    variable ``f``. (Once ``f`` is split into tiles it no longer does: the GEMM forms read and
+    write the user's filter through a ``(Cout, Cin*taps)`` view instead, ``Graph.arg_shapes``.)"""
     _, kh, kw = conv.kernel
     taps = math.prod(conv.kernel)
     y = f % taps
