@@ -165,6 +165,8 @@ def test_a_view_must_hold_its_tensor():
     graph = kernels.grad_input_col(conv, kernels.Precision("float32", "float32"))
     with pytest.raises(ValueError, match="does not hold"):
         bounds.prim_func([*graph.inputs, graph.output], (None, (1, 2, 3), None))
+    with pytest.raises(ValueError, match="2 shapes for 3 tensors"):
+        bounds.prim_func([*graph.inputs, graph.output], (None, conv.w_shape))
 
 
 def test_views_are_declared_as_aligned_as_their_arguments():
