@@ -12,7 +12,9 @@ the faster layout is the reference. Both are timed with CUDA events around batch
 The table gives milliseconds, TFLOP/s (2 * multiply-adds of the gradient), the fraction of the
 GPU's data-sheet peak, bytes moved per second (what depthwise layers are bound by), cuDNN's
 times in both layouts, the ratio cuDNN / tbe_like (above 1: tbe_like is faster) and the largest
-error of tbe_like's result relative to cuDNN's.
+error of tbe_like's result relative to cuDNN's. For float32 cuDNN runs in float32
+(``allow_tf32`` off, the precision tbe_like's float32 kernels compute in); its time with TF32
+tensor cores (PyTorch's default for convolutions) is the last column.
 
 Needs an NVIDIA GPU, PyTorch built with CUDA, nvcc, and TVM's CUDA runtime; without them it says
 which is missing and exits with status 0.
@@ -225,16 +227,25 @@ def _bench_shape(name, s, ops, dtype, repeat, kernels, gpu):
         kname, flops, build_s = kernels[(op, name, dtype)]
         kernel = load_kernel(kname)
         mask = [op == "dx", op == "dw", False]
-        torch_ms = {}
+        torch_ms, tf32_ms = {}, None
         for lay, (xa, wa, dya) in layouts.items():
             def call(xa=xa, wa=wa, dya=dya, mask=mask):
                 return torch.ops.aten.convolution_backward(
                     dya, xa, wa, None, list(s.stride), [0, 0, 0], list(s.dilation), False,
                     [0, 0, 0], s.groups, mask)
-            torch_ms[lay] = _gpu_time(call, repeat)
-        expected = torch.ops.aten.convolution_backward(
-            dyg, xg, wg, None, list(s.stride), [0, 0, 0], list(s.dilation), False, [0, 0, 0],
-            s.groups, mask)[0 if op == "dx" else 1].float().cpu().numpy()
+            # float32: the reference is cuDNN in float32 (PyTorch's default lets it round the
+            # operands to TF32 on tensor cores, a lower precision than tbe_like's float32
+            # kernels compute in); its TF32 time is kept beside it.
+            with torch.backends.cudnn.flags(enabled=True, benchmark=True,
+                                            allow_tf32=dtype != "float32"):
+                torch_ms[lay] = _gpu_time(call, repeat)
+            if dtype == "float32":
+                tf32 = _gpu_time(call, repeat)
+                tf32_ms = tf32 if tf32_ms is None else min(tf32_ms, tf32)
+        with torch.backends.cudnn.flags(enabled=True, benchmark=True, allow_tf32=False):
+            expected = torch.ops.aten.convolution_backward(
+                dyg, xg, wg, None, list(s.stride), [0, 0, 0], list(s.dilation), False,
+                [0, 0, 0], s.groups, mask)[0 if op == "dx" else 1].float().cpu().numpy()
         if op == "dx":  # grad_input of the padded input: crop the pads
             d, h, wd = s.spatial
             expected = expected[:, :, f:f + d, top:top + h, left:left + wd]
@@ -250,11 +261,13 @@ def _bench_shape(name, s, ops, dtype, repeat, kernels, gpu):
                "tbe_tflops": tflops, "peak_pct": None if peak is None else 100 * tflops / peak,
                "gbytes_per_s": moved / tbe_ms / 1e6, "torch_ms": torch_ms, "torch_layout": best,
                "torch_tflops": flops / torch_ms[best] / 1e9,
-               "ratio": torch_ms[best] / tbe_ms, "rel_err": err, "build_s": build_s}
+               "ratio": torch_ms[best] / tbe_ms, "rel_err": err, "build_s": build_s,
+               "torch_tf32_ms": tf32_ms}
         pct = "" if row["peak_pct"] is None else f"{row['peak_pct']:5.1f}%"
         print(f"{name:14s} {op:3s} {dtype:8s} {tbe_ms:8.3f} {tflops:7.1f} {pct:>6s} "
               f"{row['gbytes_per_s']:7.0f} {torch_ms['ncdhw']:8.3f} {torch_ms['ndhwc']:8.3f} "
-              f"{best:5s} {row['ratio']:6.2f} {err:8.1e} {build_s:6.1f}", flush=True)
+              f"{best:5s} {row['ratio']:6.2f} {err:8.1e} {build_s:6.1f}"
+              + ("" if tf32_ms is None else f" {tf32_ms:8.3f}"), flush=True)
         rows.append(row)
     return rows
 
@@ -311,7 +324,7 @@ def main(argv=None) -> int:
         print(f"built {len(jobs)} kernels in {time.perf_counter() - t0:.0f} s")
         print(f"{'shape':14s} {'op':3s} {'dtype':8s} {'tbe ms':>8s} {'TFLOP/s':>7s} "
               f"{'peak':>6s} {'GB/s':>7s} {'ncdhw ms':>8s} {'ndhwc ms':>8s} {'best':5s} "
-              f"{'ratio':>6s} {'rel err':>8s} {'build':>6s}")
+              f"{'ratio':>6s} {'rel err':>8s} {'build':>6s} {'tf32 ms':>8s}")
         rows = []
         for dt in args.dtype:
             for n in names:
