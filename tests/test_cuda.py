@@ -260,6 +260,48 @@ def test_split_k_follows_the_gpu_and_the_operator():
     assert 1 < dx < cuda_rules.default_knobs(small, "float16", target).split_k
 
 
+def _grid(extents, knobs) -> int:
+    s, m, n, _ = extents
+    tm, tn, _ = knobs.tile.shape
+    return s * -(-m // tm) * -(-n // tn) * knobs.split_k
+
+
+@pytest.mark.parametrize("extents", [(1, 6272, 64, 512), (1, 784, 64, 128), (1, 4096, 32, 576),
+                                     (4, 3136, 16, 288)])
+def test_a_short_gemm_gets_tiles_that_fill_the_sms(extents):
+    """Input-gradient GEMMs too short to split (stride phases, border rows): the default tile's
+    fragments are halved until the grid has a block per SM, or they are one 16 x 16 tile."""
+    for arch, sms in (("sm_80", 108), ("sm_90", 132)):
+        target = Target({"kind": "cuda", "arch": arch})
+        knobs = cuda_rules.default_knobs(extents, "float16", target, "conv3d_backprop_input")
+        tile = knobs.tile
+        assert _grid(extents, knobs) >= sms or tile.frag_m == tile.frag_n == 1, msg(arch, knobs)
+        assert tile.warp_m * tile.warp_n >= 4, msg(arch, knobs)  # the warps stay
+        assert knobs in cuda_rules.candidates(extents, "float16", target,
+                                              "conv3d_backprop_input"), msg(arch, knobs)
+
+
+def test_a_long_gemm_keeps_the_large_tile():
+    target = Target({"kind": "cuda", "arch": "sm_90"})
+    knobs = cuda_rules.default_knobs((1, 87808, 64, 3456), "float16", target,
+                                     "conv3d_backprop_input")
+    assert knobs.tile.shape[:2] == (128, 64), msg(knobs)
+
+
+@pytest.mark.parametrize("op", ["conv3d_backprop_filter", "conv3d_backprop_input"])
+def test_simt_defaults(op):
+    """float32: 8 rows of 32 threads along J where J has 32 columns, stages 8 deep, register
+    tiles of up to 4 x 2 (4 x 1 for the input gradient), within the candidates."""
+    target = Target({"kind": "cuda", "arch": "sm_90"})
+    for extents in [(1, 128, 1728, 100352), (1, 87808, 64, 3456), (4, 3136, 16, 288)]:
+        knobs = cuda_rules.default_knobs(extents, "float32", target, op)
+        tile = knobs.tile
+        assert isinstance(tile, cuda_rules.SimtTile) and tile.tile_k == 8, msg(knobs)
+        assert tile.threads_m == 8 and tile.threads_n == min(32, extents[2]), msg(knobs)
+        assert tile.tile_n <= (1 if op == "conv3d_backprop_input" else 2), msg(knobs)
+        assert knobs in cuda_rules.candidates(extents, "float32", target, op), msg(knobs)
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 @pytest.mark.parametrize("op", ["filter", "input"])
 def test_sampled_knobs_give_valid_kernels(op, seed):

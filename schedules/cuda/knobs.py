@@ -150,18 +150,21 @@ def _tensor_core_tile(m: int, n: int, k: int) -> TensorCoreTile:
     return tile
 
 
-def _simt_tile(m: int, n: int, k: int) -> SimtTile:
+def _simt_tile(m: int, n: int, k: int, op: str = DEFAULT_OP) -> SimtTile:
     """8 rows of up to 32 threads along J (a warp reads 32 consecutive columns), a register
-    tile of up to 4 x 2, and a shared-memory stage 8 deep.
+    tile of up to 4 x 2 (4 x 1 for the input gradient), and a shared-memory stage 8 deep.
 
     Measured on an H200 (2026-11-26, float32, 20 sampled tiles per layer of the CUDA suite):
     the fastest tiles of 12 of the 14 layers had 8 x 32 or 8 x 16 threads and 11 of 14 a stage
     8 deep; the 16 x 16 threads with 4 x 4 register tiles, 16 deep, chosen before were
-    1.1-2.7x slower than the fastest."""
+    1.1-2.7x slower than the fastest. Of the register tiles, 4 x 1 ran the input gradient's
+    layers as fast or faster than 4 x 2 (stride 2: 0.51 -> 0.42 ms; 2x64x16x56x56 -> 128:
+    4.5 -> 4.1 ms), and the weight gradient's slower (the same layer: 7.0 -> 10.4 ms)."""
     threads_n = 32 if n >= 32 else 16 if n > 8 else 8
     threads_m = 8
+    columns = (1,) if op == "conv3d_backprop_input" else (1, 2)
     return SimtTile(threads_m, threads_n, _fit(m, threads_m, (1, 2, 4)),
-                    _fit(n, threads_n, (1, 2)), 8)
+                    _fit(n, threads_n, columns), 8)
 
 
 def sm_count(target) -> int:
@@ -221,7 +224,7 @@ def default_knobs(extents: tuple[int, int, int, int], dtype: str, target,
         tile = replace(_tensor_core_tile(m, n, k), async_copy=op != "conv3d_backprop_input")
         tile = _filling(extents, tile, target, op)
     else:
-        tile = _simt_tile(m, n, k)
+        tile = _simt_tile(m, n, k, op)
     return Knobs(tile, _split_for(extents, tile, target, op))
 
 
