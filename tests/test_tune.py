@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from tbe_like.schedules.common import SAMPLE
 
-from tbe_like import ops
+from tbe_like import ops, tune
 from tbe_like._tvm import IRModule, s_tir, tvm
 from tbe_like.bounds import compile_checked
 from tbe_like.cache import KernelCache
@@ -378,3 +378,21 @@ def test_dsl_schedules_say_where_they_come_from(measuring):
     assert kernel.metadata["para_dict"]["selection"]["choice"].startswith("Heuristic(")
     sch, kernel = build("replayed")
     assert sch.origin == "record" and kernel.metadata["para_dict"]["schedule"] == "record"
+
+
+def test_one_slow_first_call_does_not_rule_a_candidate_out(monkeypatch):
+    """The first timed calls are made in turn, up to three per candidate, and each one's
+    fastest counts: a candidate whose first call met a busy host stays in the race."""
+    monkeypatch.setattr(tune, "MEASURE_SECONDS", 10.0)
+    calls = {"hiccup": iter([9.0, 1.0, 1.0]), "steady": iter([2.0, 2.0, 2.0])}
+    runners = [lambda name=name: next(calls[name]) for name in calls]
+    times = tune._first_times(runners)
+    assert times == [1.0, 2.0]
+    assert [t <= tune.MEASURE_CUTOFF * min(times) for t in times] == [True, False]
+
+
+def test_the_first_calls_stop_within_their_share_of_the_budget(monkeypatch):
+    monkeypatch.setattr(tune, "MEASURE_SECONDS", 0.0)  # any time spent is over the share
+    made = []
+    times = tune._first_times([lambda: made.append(1) or 3.0])
+    assert times == [3.0] and len(made) == 1
