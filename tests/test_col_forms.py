@@ -87,6 +87,35 @@ def test_only_layers_of_few_positions_have_the_forms():
         assert not kernels.col_applies(conv)
 
 
+def test_a_pointwise_weight_gradient_has_the_form_up_to_1024_positions():
+    """A 1x1x1 layer's im2col matrix repeats no tap: its weight gradient (not its input
+    gradient) has the GEMM form on maps of up to 1024 positions."""
+    prec = kernels.Precision("float32", "float32")
+    shortcut = conv3d(1, 32, (8, 14, 14), 48, (1, 1, 1), stride=(1, 2, 2), pad=0)  # 392
+    for kind, has in (("grad_weight", True), ("grad_input", False)):
+        forms = _other_forms(graph_of(kind, shortcut, prec, target=TARGET), kind, shortcut,
+                             prec, False, TARGET)
+        assert ("col" in forms) == has, kind
+    assert kernels.weight_col_applies(shortcut) and not kernels.col_applies(shortcut)
+    for conv in (conv3d(1, 32, (8, 12, 12), 48, (1, 1, 1), pad=0),  # 1152 positions
+                 conv3d(1, 32, (4, 8, 9), 48, (3, 3, 3))):  # 288 positions, 3x3x3
+        assert not kernels.weight_col_applies(conv)
+
+
+@pytest.mark.parametrize("lanes", HEURISTIC_LANES)
+def test_the_pointwise_weight_gradient_form_matches_reference(lanes):
+    conv = conv3d(2, 32, (4, 14, 13), 24, (1, 1, 1), stride=(1, 2, 2), pad=0)  # 2x4x7x7
+    assert kernels.weight_col_applies(conv) and not kernels.col_applies(conv)
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal(conv.x_shape).astype(np.float32)
+    w = rng.standard_normal(conv.w_shape).astype(np.float32)
+    dy = rng.standard_normal(conv.y_shape).astype(np.float32)
+    _, dw_want = _gradients(conv, x, w, dy)
+    dw = run_form(kernels.grad_weight_col(conv, kernels.Precision("float32", "float32")),
+                  lanes, (x, dy))
+    np.testing.assert_allclose(dw, dw_want, rtol=0, atol=RTOL["float32"] * np.abs(dw_want).max())
+
+
 @pytest.mark.parametrize("mask", [(True, False, False), (False, True, False)])
 def test_the_operator_races_them_and_computes_the_same(mask, measuring):
     """Through ``convolution_backward`` from an empty cache: the selection timed the col

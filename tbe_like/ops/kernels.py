@@ -478,6 +478,12 @@ def grad_weight_rows(conv: Conv3d, prec: Precision,
 COL_MAX_POSITIONS = 256
 # ... and bytes of that matrix, at most.
 COL_MAX_BYTES = 8 << 20
+# A pointwise (1x1x1) layer's im2col matrix holds no tap twice (x, transposed): its weight
+# gradient's GEMM form races up to this many positions. Zen 4, against the packed form's
+# fastest tile: x3d_m's 96 -> 192 shortcut on 16x7x7 0.173 against 0.233 ms, 192 -> 432 0.68
+# against 0.70, 432 -> 192 0.74 against 0.67 (the race keeps the packed form there); the input
+# gradient's GEMM form lost or tied on the same layers, so it keeps COL_MAX_POSITIONS.
+COL_MAX_POINTWISE_POSITIONS = 1024
 
 
 def col_applies(conv: Conv3d) -> bool:
@@ -487,6 +493,18 @@ def col_applies(conv: Conv3d) -> bool:
     positions, columns = _col_shape(conv)
     return (conv.groups == 1 and positions <= COL_MAX_POSITIONS
             and columns % ROWS_LANES == 0 and 4 * positions * columns <= COL_MAX_BYTES)
+
+
+def weight_col_applies(conv: Conv3d) -> bool:
+    """Whether ``grad_weight_col`` builds ``conv``'s weight gradient: where
+    :func:`col_applies`, and for a pointwise layer of up to ``COL_MAX_POINTWISE_POSITIONS``
+    positions on the same conditions."""
+    if col_applies(conv):
+        return True
+    positions, columns = _col_shape(conv)
+    return (tuple(conv.kernel) == (1, 1, 1) and conv.groups == 1
+            and positions <= COL_MAX_POINTWISE_POSITIONS and columns % ROWS_LANES == 0
+            and 4 * positions * columns <= COL_MAX_BYTES)
 
 
 def _col_shape(conv: Conv3d) -> tuple[int, int]:
@@ -521,8 +539,8 @@ def _col_column(conv: Conv3d, ci, a, b, c):
 
 def grad_weight_col(conv: Conv3d, prec: Precision,
                     names=("input", "grad_output", "grad_weight")) -> Graph:
-    """dW of a layer of few positions (:func:`col_applies`) as one GEMM, written in the user's
-    OIDHW layout::
+    """dW of a layer of few positions (:func:`weight_col_applies`) as one GEMM, written in
+    the user's OIDHW layout::
 
         dW[co, f] = sum over positions m of dy[m, co] * x_col[m, f],  f = (ci, kd, kh, kw)
 
