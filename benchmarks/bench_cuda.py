@@ -240,7 +240,8 @@ def _bench_shape(name, s, ops, dtype, repeat, kernels, gpu):
                                             allow_tf32=dtype != "float32"):
                 torch_ms[lay] = _gpu_time(call, repeat)
             if dtype == "float32":
-                tf32 = _gpu_time(call, repeat)
+                with torch.backends.cudnn.flags(enabled=True, benchmark=True, allow_tf32=True):
+                    tf32 = _gpu_time(call, repeat)
                 tf32_ms = tf32 if tf32_ms is None else min(tf32_ms, tf32)
         with torch.backends.cudnn.flags(enabled=True, benchmark=True, allow_tf32=False):
             expected = torch.ops.aten.convolution_backward(
@@ -324,7 +325,8 @@ def main(argv=None) -> int:
         print(f"built {len(jobs)} kernels in {time.perf_counter() - t0:.0f} s")
         print(f"{'shape':14s} {'op':3s} {'dtype':8s} {'tbe ms':>8s} {'TFLOP/s':>7s} "
               f"{'peak':>6s} {'GB/s':>7s} {'ncdhw ms':>8s} {'ndhwc ms':>8s} {'best':5s} "
-              f"{'ratio':>6s} {'rel err':>8s} {'build':>6s} {'tf32 ms':>8s}")
+              f"{'ratio':>6s} {'rel err':>8s} {'build':>6s}"
+              + (f" {'tf32 ms':>8s}" if "float32" in args.dtype else ""))
         rows = []
         for dt in args.dtype:
             for n in names:
@@ -336,6 +338,10 @@ def main(argv=None) -> int:
                      and SUITE[r["shape"]].groups < SUITE[r["shape"]].cin]
             print(f"geomean torch/tbe_like {dt} {op}: {_geomean(sel):.2f} "
                   f"(min {min(sel):.2f}; without depthwise min {min(dense):.2f})")
+            if dt == "float32":
+                tf32 = [r["torch_tf32_ms"] / r["tbe_ms"] for r in rows
+                        if r["dtype"] == dt and r["op"] == op]
+                print(f"geomean cuDNN TF32/tbe_like float32 {op}: {_geomean(tf32):.2f}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"gpu": gpu, "arch": arch, "torch": torch.__version__,

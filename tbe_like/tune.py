@@ -37,7 +37,8 @@ TUNED_ENV = "TBE_LIKE_TUNED"
 # timing its candidates (measured selection, :func:`measured_schedule`).
 MEASURE_ENV = "TBE_LIKE_MEASURE"
 # What measured selection may spend timing the candidates of one kernel, after one warm-up call
-# each (their compilation comes on top): at least one call of each, at most MEASURE_ROUNDS.
+# each (their compilation comes on top): at least one call of each, then at most
+# MEASURE_ROUNDS rounds of the race within what is left.
 MEASURE_SECONDS = 1.0
 MEASURE_ROUNDS = 5
 # A candidate slower than this times the fastest over its first timed calls takes no part in
@@ -374,10 +375,12 @@ def _first_times(runners: list[Callable[[], float]]) -> list[float]:
     the candidate was cut, and the build kept a form 2.3x slower."""
     times = [math.inf] * len(runners)
     start = time.perf_counter()
-    for _ in range(MEASURE_FIRST_CALLS):
+    for done in range(1, MEASURE_FIRST_CALLS + 1):
         for i, run in enumerate(runners):
             times[i] = min(times[i], run())
-        if time.perf_counter() - start > MEASURE_FIRST_SHARE * MEASURE_SECONDS:
+        # Another round only where it would still end within the share.
+        if (time.perf_counter() - start) * (done + 1) / done > (
+                MEASURE_FIRST_SHARE * MEASURE_SECONDS):
             break
     return times
 
@@ -626,10 +629,13 @@ def measured_schedule(func, schedule_with: Callable[[Any, Any], Any], candidates
     if len(options) == 1:
         return options[0][1], None
     runners, executables = _runners([sch.mod["main"] for _, sch, _ in options], target, symbol)
+    first = time.perf_counter()
     times = _first_times(runners)
-    # Candidates far behind after their first calls are out; the others race within the budget.
+    # Candidates far behind after their first calls are out; the others race within what is
+    # left of the budget.
     close = [i for i, t in enumerate(times) if t <= MEASURE_CUTOFF * min(times)]
-    rounds = int(MEASURE_SECONDS / (2 * sum(times[i] for i in close)))
+    left = MEASURE_SECONDS - (time.perf_counter() - first)
+    rounds = int(left / (2 * sum(times[i] for i in close)))
     if rounds >= 1 and len(close) > 1:
         raced = _race([runners[i] for i in close], min(rounds, MEASURE_ROUNDS))
         for i, t in zip(close, raced, strict=True):

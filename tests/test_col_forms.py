@@ -97,8 +97,12 @@ def test_a_pointwise_weight_gradient_has_the_form_up_to_1024_positions():
                              prec, False, TARGET)
         assert ("col" in forms) == has, kind
     assert kernels.weight_col_applies(shortcut) and not kernels.col_applies(shortcut)
-    for conv in (conv3d(1, 32, (8, 12, 12), 48, (1, 1, 1), pad=0),  # 1152 positions
-                 conv3d(1, 32, (4, 8, 9), 48, (3, 3, 3))):  # 288 positions, 3x3x3
+    assert kernels.weight_col_applies(conv3d(1, 32, (4, 16, 16), 48, (1, 1, 1), pad=0))  # 1024
+    for conv in (conv3d(1, 32, (4, 16, 17), 48, (1, 1, 1), pad=0),  # 1088 positions
+                 conv3d(1, 32, (4, 8, 9), 48, (3, 3, 3)),  # 288 positions, 3x3x3
+                 conv3d(1, 24, (4, 8, 9), 48, (1, 1, 1), pad=0),  # 24 columns: not whole vectors
+                 conv3d(1, 32, (4, 8, 9), 48, (1, 1, 1), pad=0, groups=2),  # groups
+                 conv3d(1, 8192, (1, 16, 20), 16, (1, 1, 1), pad=0)):  # a 10 MiB matrix
         assert not kernels.weight_col_applies(conv)
 
 

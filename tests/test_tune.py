@@ -392,7 +392,7 @@ def test_one_slow_first_call_does_not_rule_a_candidate_out(monkeypatch):
 
 
 def test_the_first_calls_stop_within_their_share_of_the_budget(monkeypatch):
-    monkeypatch.setattr(tune, "MEASURE_SECONDS", 0.0)  # any time spent is over the share
+    monkeypatch.setattr(tune, "MEASURE_SECONDS", -1.0)  # any time spent is over the share
     made = []
     times = tune._first_times([lambda: made.append(1) or 3.0])
     assert times == [3.0] and len(made) == 1

@@ -154,12 +154,14 @@ def _simt_tile(m: int, n: int, k: int, op: str = DEFAULT_OP) -> SimtTile:
     """8 rows of up to 32 threads along J (a warp reads 32 consecutive columns), a register
     tile of up to 4 x 2 (4 x 1 for the input gradient), and a shared-memory stage 8 deep.
 
-    Measured on an H200 (2026-11-26, float32, 20 sampled tiles per layer of the CUDA suite):
-    the fastest tiles of 12 of the 14 layers had 8 x 32 or 8 x 16 threads and 11 of 14 a stage
-    8 deep; the 16 x 16 threads with 4 x 4 register tiles, 16 deep, chosen before were
-    1.1-2.7x slower than the fastest. Of the register tiles, 4 x 1 ran the input gradient's
-    layers as fast or faster than 4 x 2 (stride 2: 0.51 -> 0.42 ms; 2x64x16x56x56 -> 128:
-    4.5 -> 4.1 ms), and the weight gradient's slower (the same layer: 7.0 -> 10.4 ms)."""
+    Measured on an H200 (2026-11-26, float32, 20 sampled tiles per row of the CUDA suite,
+    ``benchmarks/results/h200-2026-11-26/sweep_fp32.log``): the fastest tile of 10 of the 14
+    rows had 8 x 32 or 8 x 16 threads, that of 12 a stage 8 deep; the 16 x 16 threads with 4 x 4
+    register tiles, 16 deep, chosen before were 1.1-2.7x slower than the fastest on 13 rows.
+    Of the register tiles (``simt.log``), 4 x 1 ran all 7 input-gradient rows as fast as 4 x 2
+    or faster (stride 2: 0.51 -> 0.42 ms; 2x64x16x56x56 -> 128: 4.5 -> 4.1 ms) and 5 of the 7
+    weight-gradient rows slower (the same layer: 7.0 -> 10.4 ms; seed 000's: 0.30 -> 0.22).
+    """
     threads_n = 32 if n >= 32 else 16 if n > 8 else 8
     threads_m = 8
     columns = (1,) if op == "conv3d_backprop_input" else (1, 2)
@@ -181,7 +183,7 @@ def _split_for(extents: tuple[int, ...], tile, target, op: str = DEFAULT_OP) -> 
     most = min(MAX_SPLIT_K, max(1, k // (tk * MIN_K_TILES_PER_SPLIT[op])))
     # Whole waves: one block past BLOCKS_PER_SM per SM runs alone in a second wave (measured:
     # 27 tiles split 15 ways, 405 blocks, ran 1.2x slower than split 8 ways on 132 SMs).
-    return max(1, min(most, BLOCKS_PER_SM * sm_count(target) // blocks))
+    return max(1, min(most, BLOCKS_PER_SM * sm_count(target) // max(1, blocks)))
 
 
 def _blocks(extents: tuple[int, ...], tile, split: int) -> int:
@@ -193,14 +195,21 @@ def _blocks(extents: tuple[int, ...], tile, split: int) -> int:
 
 def _filling(extents: tuple[int, ...], tile: TensorCoreTile, target, op: str
              ) -> TensorCoreTile:
-    """``tile``, its warps' fragment tiles halved (the larger side of the tile first) while
-    its grid, split as ``_split_for`` splits it, has fewer thread blocks than the GPU has SMs.
+    """``tile`` for an input gradient's GEMM, its warps' fragment tiles halved (the larger
+    side of the tile first) while its grid, split as ``_split_for`` splits it, has fewer
+    thread blocks than the GPU has SMs, down to one 16 x 16 fragment per warp; the weight
+    gradient's tile as it is (its split fills the SMs; the rule was measured on the input
+    gradient only).
 
-    Where the reduction is too short to split (the input gradient's stride phases, small
-    maps), a 128 x 64 tile left most SMs idle: measured on an H100 (2026-11-25), the
-    stride-2 input gradient's 6272 x 64 GEMMs (49 such blocks for 132 SMs) ran 1.4-1.5x
-    faster with 64 x 64 or 64 x 32 tiles (98 or 196 blocks), and the dilated layer's
-    4096 x 32 ones 1.1x faster with 64 x 32."""
+    The input gradient's reduction is split only where it is long, so its short GEMMs (stride
+    phases, border rows, small maps) left most SMs idle with 128 x 64 tiles: the stride-2
+    layer's 12 GEMMs had 7-49 such blocks for 132 SMs. Measured on an H200 (2026-11-26, all
+    14 rows of the CUDA suite with each of four rules, ``benchmarks/results/h200-2026-11-26/
+    policies.log``): this rule took that layer from 0.132 to 0.108 ms and the depthwise and
+    4-group layers' input gradients from 0.071 / 0.070 to 0.065 / 0.064 ms, and moved no other
+    row by more than 3%; halving the warps too, or stopping at half the SMs, was no faster."""
+    if op != "conv3d_backprop_input":
+        return tile
     while (_blocks(extents, tile, _split_for(extents, tile, target, op)) < sm_count(target)
            and tile.frag_m * tile.frag_n > 1):
         tm, tn, _ = tile.shape

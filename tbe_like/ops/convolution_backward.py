@@ -268,8 +268,8 @@ def _other_forms(graph: kernels.Graph, kind: str, conv: kernels.Conv3d,
     fast stem 32.5 -> 3.2 ms, I3D's 39 -> 6.4 ms), and either gradient of a layer of at most
     256 positions as one GEMM over an im2col matrix in the user's layout
     (``kernels.grad_weight_col``, ``grad_input_col``: c3d conv4a's input gradient 3.3 ->
-    0.8 ms; slower where the filter is tens of MB, hence the race), the weight gradient's of a
-    pointwise layer up to 1024 positions."""
+    0.8 ms; slower where the filter is tens of MB, hence the race); a pointwise layer's weight
+    gradient has that form up to 1024 positions."""
     forms = {}
     if kernels.uses_winograd(graph):
         forms["direct"] = graph_of(kind, conv, prec, transposed, None)

@@ -473,12 +473,12 @@ def grad_weight_rows(conv: Conv3d, prec: Precision,
                  flops=conv.flops())
 
 
-# Positions (N*Do*Ho*Wo) up to which the weight gradient is also built as one GEMM over x's
-# im2col matrix (``grad_weight_col``): a late stage's small maps, whose dW is the big array.
+# Positions (N*Do*Ho*Wo) up to which both gradients are also built as one GEMM over an
+# im2col matrix (``grad_weight_col``, ``grad_input_col``): a late stage's small maps.
 COL_MAX_POSITIONS = 256
 # ... and bytes of that matrix, at most.
 COL_MAX_BYTES = 8 << 20
-# A pointwise (1x1x1) layer's im2col matrix holds no tap twice (x, transposed): its weight
+# A pointwise (1x1x1) layer's im2col matrix holds each element of x at most once: its weight
 # gradient's GEMM form races up to this many positions. Zen 4, against the packed form's
 # fastest tile: x3d_m's 96 -> 192 shortcut on 16x7x7 0.173 against 0.233 ms, 192 -> 432 0.68
 # against 0.70, 432 -> 192 0.74 against 0.67 (the race keeps the packed form there); the input
@@ -487,9 +487,10 @@ COL_MAX_POINTWISE_POSITIONS = 1024
 
 
 def col_applies(conv: Conv3d) -> bool:
-    """Whether ``grad_weight_col`` builds ``conv``'s weight gradient: no groups, at most
-    ``COL_MAX_POSITIONS`` positions, a filter row (Cin*kd*kh*kw) of whole vectors
-    (``ROWS_LANES``), an im2col matrix within ``COL_MAX_BYTES``."""
+    """Whether the col forms build ``conv``'s gradients (``grad_input_col``; for the weight
+    gradient, :func:`weight_col_applies` extends it): no groups, at most ``COL_MAX_POSITIONS``
+    positions, a filter row (Cin*kd*kh*kw) of whole vectors (``ROWS_LANES``), an im2col
+    matrix within ``COL_MAX_BYTES``."""
     positions, columns = _col_shape(conv)
     return (conv.groups == 1 and positions <= COL_MAX_POSITIONS
             and columns % ROWS_LANES == 0 and 4 * positions * columns <= COL_MAX_BYTES)
