@@ -368,31 +368,28 @@ def _idle(seconds: float) -> None:
 
 def _first_times(runners: list[Callable[[], float]]) -> list[float]:
     """Each runner's fastest of its first calls, made in turn (:data:`MEASURE_FIRST_CALLS`
-    rounds within :data:`MEASURE_FIRST_SHARE` of the budget, one at least).
+    rounds of one call each within :data:`MEASURE_FIRST_SHARE` of the budget, one at least).
 
     One call is not enough to rule a candidate out: on this shared 2-core host, one call of
     vnet's 1 -> 16 5x5x5 weight gradient's fastest form took 0.78 ms where it takes 0.08-0.11,
     the candidate was cut, and the build kept a form 2.3x slower."""
-    times = [math.inf] * len(runners)
-    start = time.perf_counter()
-    for done in range(1, MEASURE_FIRST_CALLS + 1):
-        for i, run in enumerate(runners):
-            times[i] = min(times[i], run())
-        # Another round only where it would still end within the share.
-        if (time.perf_counter() - start) * (done + 1) / done > (
-                MEASURE_FIRST_SHARE * MEASURE_SECONDS):
-            break
-    return times
+    return _race(runners, MEASURE_FIRST_CALLS, calls=1,
+                 seconds=MEASURE_FIRST_SHARE * MEASURE_SECONDS)
 
 
-def _race(runners: list[Callable[[], float]], rounds: int = 5) -> list[float]:
-    """The fastest call of each runner over ``rounds`` interleaved rounds: a machine that slows
-    down for a while (other tenants) slows every contender's round alike, and the minimum
-    ignores it."""
+def _race(runners: list[Callable[[], float]], rounds: int = 5, calls: int = 2,
+          seconds: float = math.inf) -> list[float]:
+    """The fastest call of each runner over ``rounds`` interleaved rounds of ``calls`` calls
+    each: a machine that slows down for a while (other tenants) slows every contender's round
+    alike, and the minimum ignores it. A round starts only where it would still end within
+    ``seconds`` (the first always does)."""
     best = [math.inf] * len(runners)
-    for _ in range(rounds):
+    start = time.perf_counter()
+    for done in range(1, rounds + 1):
         for i, run in enumerate(runners):
-            best[i] = min(best[i], run(), run())
+            best[i] = min(best[i], *(run() for _ in range(calls)))
+        if (time.perf_counter() - start) * (done + 1) / done > seconds:
+            break
     return best
 
 

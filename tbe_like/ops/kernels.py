@@ -486,26 +486,22 @@ COL_MAX_BYTES = 8 << 20
 COL_MAX_POINTWISE_POSITIONS = 1024
 
 
-def col_applies(conv: Conv3d) -> bool:
+def col_applies(conv: Conv3d, max_positions: int = COL_MAX_POSITIONS) -> bool:
     """Whether the col forms build ``conv``'s gradients (``grad_input_col``; for the weight
-    gradient, :func:`weight_col_applies` extends it): no groups, at most ``COL_MAX_POSITIONS``
+    gradient, :func:`weight_col_applies` extends it): no groups, at most ``max_positions``
     positions, a filter row (Cin*kd*kh*kw) of whole vectors (``ROWS_LANES``), an im2col
     matrix within ``COL_MAX_BYTES``."""
     positions, columns = _col_shape(conv)
-    return (conv.groups == 1 and positions <= COL_MAX_POSITIONS
+    return (conv.groups == 1 and positions <= max_positions
             and columns % ROWS_LANES == 0 and 4 * positions * columns <= COL_MAX_BYTES)
 
 
 def weight_col_applies(conv: Conv3d) -> bool:
     """Whether ``grad_weight_col`` builds ``conv``'s weight gradient: where
-    :func:`col_applies`, and for a pointwise layer of up to ``COL_MAX_POINTWISE_POSITIONS``
-    positions on the same conditions."""
-    if col_applies(conv):
-        return True
-    positions, columns = _col_shape(conv)
-    return (tuple(conv.kernel) == (1, 1, 1) and conv.groups == 1
-            and positions <= COL_MAX_POINTWISE_POSITIONS and columns % ROWS_LANES == 0
-            and 4 * positions * columns <= COL_MAX_BYTES)
+    :func:`col_applies`, up to ``COL_MAX_POINTWISE_POSITIONS`` positions for a pointwise
+    layer."""
+    pointwise = tuple(conv.kernel) == (1, 1, 1)
+    return col_applies(conv, COL_MAX_POINTWISE_POSITIONS if pointwise else COL_MAX_POSITIONS)
 
 
 def _col_shape(conv: Conv3d) -> tuple[int, int]:
