@@ -354,6 +354,25 @@ class RowsFilterParams:
     row: int
 
 
+# The framework operators' weight gradient of a layer of few input channels as outer products,
+# output channels by taps (``tbe_like.ops.kernels.grad_weight_outer``): a CPU form only.
+FILTER_OUTER_OP = "conv3d_backprop_filter_outer"
+
+
+@dataclass(frozen=True)
+class OuterFilterParams:
+    """The sizes of an outer-product weight gradient (``FILTER_OUTER_OP``): ``dW[co, ci, kd, kh,
+    kw]`` summed over (n, do, ho, wo) of dy's output channels, in blocks of ``block``, times
+    the value of x each tap reads."""
+
+    batch: int
+    cin: int
+    cout: int
+    out_spatial: tuple[int, int, int]
+    kernel: tuple[int, int, int]
+    block: int
+
+
 # The framework operators' weight gradient of a layer of few positions as one GEMM over the
 # im2col matrix of x, written in the user's layout (``tbe_like.ops.kernels.grad_weight_col``).
 FILTER_COL_OP = "conv3d_backprop_filter_col"

@@ -29,6 +29,13 @@ DW_ROWS_DY = "dw_rows_dy"  # dy's rows zero-padded to whole vectors, where Wo is
 DW_ROWS = "dw_rows"  # (Cout, Cin, kd, kh, kw) float32: sum over (n, do, ho, wo) of dy * x
 DW_ROWS_CAST = "dw_rows_cast"  # the result in the arrays' dtype, where that is not float32
 
+# The weight gradient of a layer of few input channels as outer products of dy's output channels
+# with the value of x each tap reads (CPU kernels of tbe_like.ops, ``kernels.grad_weight_outer``)
+DW_OUTER_X = "dw_outer_x"  # x zero-padded, float32: (N, Cin, Dp, Hp, Wp)
+DW_OUTER_DY = "dw_outer_dy"  # dy in blocks of channels, float32: (N, Cout1, Do, Ho, Wo, block)
+DW_OUTER = "dw_outer"  # (Cout1, Cin, kd, kh, kw, block) float32: sum over positions of dy * x
+DW_OUTER_RES = "dw_outer_res"  # the result as the user's OIDHW, in the arrays' dtype
+
 # The weight gradient of a layer of few positions as one GEMM over x's im2col matrix (CPU
 # kernels of tbe_like.ops, ``kernels.grad_weight_col``), in the user's layout
 DW_COL_X = "dw_col_x"  # x's im2col matrix (N*Do*Ho*Wo, Cin*kd*kh*kw), zero at padding

@@ -140,8 +140,8 @@ def _declared(graph, target) -> set:
 
 def test_the_rules_declare_the_padded_rows_they_read():
     """Where x is padded along D or H, the reductions of the packed weight gradient (direct and
-    Winograd) and of its few-channel rows form declare the padded stage's source rows there,
-    every knob set; not where nothing is padded."""
+    Winograd) and of its few-channel rows and outer-product forms declare the padded stage's
+    source rows there, every knob set; not where nothing is padded."""
     from conftest import conv3d
 
     from tbe_like.ops import kernels
@@ -158,6 +158,9 @@ def test_the_rules_declare_the_padded_rows_they_read():
     stem = conv3d(1, 3, (4, 10, 12), 8, (3, 5, 5), stride=(1, 2, 2), pad=(1, 2, 2))
     assert _declared(kernels.grad_weight_rows(stem, prec), target) == {
         ("dw_rows_x", "2", "1", "5", "3", "2", "12")}
+    wide_stem = conv3d(1, 3, (4, 10, 12), 16, (3, 5, 5), stride=(1, 2, 2), pad=(1, 2, 2))
+    assert _declared(kernels.grad_weight_outer(wide_stem, prec), target) == {
+        ("dw_outer_x", "2", "1", "5", "3", "2", "12")}
     flat = conv3d(1, 16, (4, 6, 8), 16, (1, 1, 3), pad=(0, 0, 1))
     assert not _declared(kernels.grad_weight(flat, prec, unpack_cells=True), target)
     # The input gradient skips nothing (its rule does not declare it, see there), but its

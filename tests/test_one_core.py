@@ -26,6 +26,7 @@ POINTWISE = conv3d(1, 32, (2, 5, 7), 48, (1, 1, 1), stride=2, pad=0)  # strided 
 LATE = conv3d(1, 16, (2, 3, 3), 24, (3, 3, 3))  # few positions
 SMALL = conv3d(1, 32, (2, 4, 4), 48, (3, 3, 3))  # 2.7 MFLOP
 STEM = conv3d(1, 3, (2, 9, 12), 8, (1, 3, 3), stride=(1, 2, 2), pad=(0, 1, 1))  # 3 channels
+WIDE_STEM = conv3d(1, 3, (2, 9, 12), 24, (1, 3, 3), stride=(1, 2, 2), pad=(0, 1, 1))
 NAMES = _weight_names(False)
 FORMS = {  # name: (conv, the form's graph, "weight" or "input")
     "packed-dW": (LATE, lambda c: kernels.grad_weight(c, F32, unpack_cells=True), "weight"),
@@ -34,6 +35,7 @@ FORMS = {  # name: (conv, the form's graph, "weight" or "input")
     "col-dW": (LATE, lambda c: kernels.grad_weight_col(c, F32, NAMES), "weight"),
     "col-dX": (LATE, lambda c: kernels.grad_input_col(c, F32), "input"),
     "rows-dW": (STEM, lambda c: kernels.grad_weight_rows(c, F32, NAMES), "weight"),
+    "outer-dW": (WIDE_STEM, lambda c: kernels.grad_weight_outer(c, F32, NAMES), "weight"),
     "rows-dX": (STEM, lambda c: kernels.grad_input_rows(c, F32), "input"),
 }
 

@@ -264,9 +264,12 @@ def _other_forms(graph: kernels.Graph, kind: str, conv: kernels.Conv3d,
     96 -> 192 shortcut 203 -> 118 us; it lost on others, hence the race), and the weight
     gradient of a layer of 1-4 input channels as dot products along rows, one per tap
     (``kernels.grad_weight_rows``: SlowFast's fast stem 10.6 -> 3.9 ms, X3D's 7.2 -> 4.4 ms,
-    Zen 4) and its input gradient one stride phase at a time (``kernels.grad_input_rows``: the
-    fast stem 32.5 -> 3.2 ms, I3D's 39 -> 6.4 ms), and either gradient of a layer of at most
-    256 positions as one GEMM over an im2col matrix in the user's layout
+    Zen 4) or, with a block of output channels or more, as outer products of output channels
+    by taps (``kernels.grad_weight_outer``: I3D's stem 4.8 -> 3.7 ms, SlowFast's slow stem
+    1.7 -> 1.2 ms against the rows form) and its input gradient one stride phase at a time
+    (``kernels.grad_input_rows``: the fast stem 32.5 -> 3.2 ms, I3D's 39 -> 6.4 ms), and
+    either gradient of a layer of at most 256 positions as one GEMM over an im2col matrix in
+    the user's layout
     (``kernels.grad_weight_col``, ``grad_input_col``: c3d conv4a's input gradient 3.3 ->
     0.8 ms; slower where the filter is tens of MB, hence the race); a pointwise layer's weight
     gradient has that form up to 1024 positions."""
@@ -281,6 +284,8 @@ def _other_forms(graph: kernels.Graph, kind: str, conv: kernels.Conv3d,
             forms["dot"] = kernels.grad_weight_dot(conv, prec, names)
         if kernels.rows_applies(conv):
             forms["rows"] = kernels.grad_weight_rows(conv, prec, names)
+        if kernels.outer_applies(conv):
+            forms["outer"] = kernels.grad_weight_outer(conv, prec, names)
         if kernels.weight_col_applies(conv):
             forms["col"] = kernels.grad_weight_col(conv, prec, names)
     elif kind == "grad_input":

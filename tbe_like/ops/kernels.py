@@ -35,6 +35,7 @@ from ..params import (
     FILTER_COL_OP,
     FILTER_DOT_OP,
     FILTER_OP,
+    FILTER_OUTER_OP,
     FILTER_ROWS_OP,
     INPUT_COL_OP,
     INPUT_OP,
@@ -45,6 +46,7 @@ from ..params import (
     ColInputParams,
     ConvGeometry,
     DotFilterParams,
+    OuterFilterParams,
     RowsFilterParams,
     RowsInputParams,
 )
@@ -470,6 +472,85 @@ def grad_weight_rows(conv: Conv3d, prec: Precision,
     p = RowsFilterParams(conv.batch, conv.cin, conv.cout, tuple(conv.out_spatial),
                          tuple(conv.kernel), row)
     return Graph(FILTER_ROWS_OP, p, [x, dy], out, ["NCDHW", "NCDHW", "NCDHW"],
+                 flops=conv.flops())
+
+
+# Output channels per block of the outer-product weight gradient (``grad_weight_outer``): the
+# vector axis, one zmm or two ymm registers of float32.
+OUTER_BLOCK = 16
+
+
+def outer_applies(conv: Conv3d) -> bool:
+    """Whether ``grad_weight_outer`` builds ``conv``'s weight gradient: a layer of few input
+    channels (:func:`rows_applies`) with at least a block (``OUTER_BLOCK``) of output channels
+    (SlowFast's fast stem, 3 -> 8, took 5.3 ms in this form against 3.5 as rows: half of
+    every vector was padding)."""
+    return rows_applies(conv) and conv.cout >= OUTER_BLOCK
+
+
+def grad_weight_outer(conv: Conv3d, prec: Precision,
+                      names=("input", "grad_output", "grad_weight")) -> Graph:
+    """dW of a layer of few input channels (:func:`outer_applies`) as outer products, the
+    way a GEMM micro-kernel multiplies: at each output position, a block of output channels of
+    dy (a vector) times the value of x each tap reads (a broadcast)::
+
+        dW[co, ci, kd, kh, kw] = sum over (n, do, ho, wo) of
+                                 dy[n, co, do, ho, wo] * x_pad[n, ci, do*sd + kd*dd, ...]
+
+    Output channels are the vector axis, so x's 1-4 channels cost no lanes (packed, they
+    filled 3 of 16, or 21 of 32 folded) and no load is unaligned (the rows form reads each tap's
+    shifted row of x: SlowFast's slow stem ran at 138 GFLOP/s as rows, 195 as outer products,
+    Zen 4). x is zero-padded (``stages.DW_OUTER_X``, its D and H padding declared for the
+    schedule to skip) and dy's channels blocked (``stages.DW_OUTER_DY``), both converted to
+    float32 once; the result is written as the user's OIDHW.
+    """
+    x = _placeholder(conv.x_shape, names[0], prec.dtype)
+    dy = _placeholder(conv.y_shape, names[1], prec.dtype)
+    convert = prec.convert()
+    (sd, sh, sw), (dd, dh, dw) = conv.strides, conv.dilations
+    front, top, left = conv.pads[0], conv.pads[2], conv.pads[4]
+    in_d, in_h, in_w = conv.in_spatial
+    # The extent of padded x the taps reach along each axis.
+    reach = tuple((o - 1) * s + (k - 1) * d + 1 for o, s, k, d in zip(
+        conv.out_spatial, conv.strides, conv.kernel, conv.dilations, strict=True))
+    zero = tirx.const(0, ACC_DTYPE)
+
+    def x_body(n, ci, d, h, w):
+        inside = tirx.all(d >= front, d < front + in_d, h >= top, h < top + in_h,
+                          w >= left, w < left + in_w)
+        return tirx.if_then_else(
+            inside, convert(x[n, ci, d - front, h - top, w - left]).astype(ACC_DTYPE), zero)
+
+    xs = te.compute((conv.batch, conv.cin, *reach), x_body, name=stages.DW_OUTER_X,
+                    tag=stages.tag(FILTER_OUTER_OP, "x"),
+                    attrs=source_rows({2: (front, front + in_d), 3: (top, top + in_h)}))
+    block, cout = OUTER_BLOCK, conv.cout
+    blocks = -(-cout // block)
+
+    def dy_body(n, c, d, h, w, v):
+        co = c * block + v
+        return tirx.if_then_else(
+            co < cout, convert(dy[n, tirx.min(co, cout - 1), d, h, w]).astype(ACC_DTYPE), zero)
+
+    dys = te.compute((conv.batch, blocks, *conv.out_spatial, block), dy_body,
+                     name=stages.DW_OUTER_DY, tag=stages.tag(FILTER_OUTER_OP, "dy"))
+    rn = te.reduce_axis((0, conv.batch), name="n")
+    rd, rh, rw = (te.reduce_axis((0, o), name=f"{a}o")
+                  for a, o in zip("dhw", conv.out_spatial, strict=True))
+
+    def body(c, ci, a, b, e, v):
+        return te.sum(dys[rn, c, rd, rh, rw, v]
+                      * xs[rn, ci, rd * sd + a * dd, rh * sh + b * dh, rw * sw + e * dw],
+                      axis=[rn, rd, rh, rw])
+
+    acc = te.compute((blocks, conv.cin, *conv.kernel, block), body, name=stages.DW_OUTER,
+                     tag=stages.tag(FILTER_OUTER_OP, "outer"))
+    out = te.compute(conv.w_shape, lambda co, ci, a, b, e: acc[
+        co // block, ci, a, b, e, co % block].astype(prec.dtype), name=stages.DW_OUTER_RES,
+        tag=stages.tag(FILTER_OUTER_OP, "result"))
+    p = OuterFilterParams(conv.batch, conv.cin, cout, tuple(conv.out_spatial),
+                          tuple(conv.kernel), block)
+    return Graph(FILTER_OUTER_OP, p, [x, dy], out, ["NCDHW", "NCDHW", "NCDHW"],
                  flops=conv.flops())
 
 
@@ -969,7 +1050,8 @@ def alternative_candidates(graph: Graph, target: Target) -> list:
     width candidates are left to the kernel's own form: each costs a compile."""
     from ..schedules import candidates
 
-    if graph.op in (FILTER_DOT_OP, FILTER_COL_OP, INPUT_COL_OP, *ROWS_OPS):  # both widths
+    if graph.op in (FILTER_DOT_OP, FILTER_OUTER_OP, FILTER_COL_OP, INPUT_COL_OP,
+                    *ROWS_OPS):  # both widths
         return candidates(graph.op, target)
     return [None, *(k for k in candidates(graph.op, target) if getattr(k, "gemm", None))]
 

@@ -1,0 +1,108 @@
+"""The weight gradient of a layer of few input channels as outer products, output channels by
+taps (``kernels.grad_weight_outer``, ``schedules.llvm.conv3d_backprop_filter_outer``): a form
+that measured selection races against the packed and rows forms. Both vector widths, the
+register tiles of 32 and 16 registers, strides, dilations, padding, output channels that are
+not whole blocks, every dtype and the transposed operator, against NumPy; every kernel under
+the bounds proof."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import NP_DTYPES, RTOL, conv3d, run_form, weight_gradient
+from tbe_like.schedules.common import HEURISTIC_LANES
+from tbe_like.schedules.llvm import conv3d_backprop_filter_outer as rule
+
+from tbe_like import ops, stages
+from tbe_like.ops import kernels
+from tbe_like.ops.convolution_backward import _other_forms, graph_of
+from tbe_like.target import host_target
+from tbe_like.testing import reference as ref
+
+TARGET = host_target()
+CASES = {  # (conv, dtype)
+    # A video stem: stride (1, 2, 2), 7 columns, 45 output channels (3 blocks, the last
+    # partly padding), padding in every axis.
+    "stem-3ch-k377-s122": (kernels.Conv3d(1, 3, 45, (4, 20, 20), (4, 10, 10), (3, 7, 7),
+                                          (1, 2, 2), (1, 1, 3, 3, 3, 3), (1, 1, 1), 1),
+                           "float32"),
+    # One channel, two samples, k5: one block.
+    "vnet-1ch-k555": (conv3d(2, 1, (3, 6, 16), 16, (5, 5, 5), pad=2), "float32"),
+    # Dilation 2 at stride 3, no padding, 2 channels, 4 blocks (a 4-block tile fits).
+    "2ch-dil2-s3": (conv3d(1, 2, (7, 13, 23), 64, (2, 3, 3), stride=3, pad=0, dil=2),
+                    "float32"),
+    "4ch-k133-float16": (kernels.Conv3d(1, 4, 24, (2, 9, 33), (2, 9, 17), (1, 3, 3),
+                                        (1, 1, 2), (0, 0, 1, 1, 1, 1), (1, 1, 1), 1), "float16"),
+    "3ch-k3-bfloat16": (conv3d(1, 3, (3, 5, 16), 32, (3, 3, 3)), "bfloat16"),
+}
+
+
+@pytest.mark.parametrize("registers", [32, 16])
+@pytest.mark.parametrize("lanes", HEURISTIC_LANES)
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_tile_matches_reference(name, lanes, registers, monkeypatch):
+    """Each width's tile as this host picks it, and as a host of the other register count
+    would (the tile is the only thing the count changes)."""
+    monkeypatch.setattr(rule, "vector_registers", lambda target: registers)
+    conv, dtype = CASES[name]
+    assert kernels.outer_applies(conv)
+    prec = kernels.Precision.on(TARGET, dtype, dtype)
+    graph = kernels.grad_weight_outer(conv, prec)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(conv.x_shape).astype(NP_DTYPES[dtype])
+    dy = rng.standard_normal(conv.y_shape).astype(NP_DTYPES[dtype])
+    want = weight_gradient(conv, x, dy)
+    got = run_form(graph, lanes, (x, dy))
+    np.testing.assert_allclose(got, want, rtol=0, atol=RTOL[dtype] * np.abs(want).max())
+
+
+def test_the_tile_fits_the_registers():
+    """Accumulators, dy vectors and a broadcast in the registers; a whole kernel row of one
+    block one register over where only single columns would fit otherwise."""
+    assert rule.tile(4, 7, 1, 32) == (2, 7)  # 14 + 2 + 1 (4 x 7 needs 33)
+    assert rule.tile(4, 7, 2, 32) == (1, 7)  # ymm: 28 + 4 + 1 for 2 x 7
+    assert rule.tile(4, 7, 2, 16) == (1, 7)  # AVX2: 17 of 16 (else 2 x 1)
+    assert rule.tile(3, 7, 1, 32) == (3, 7)
+    assert rule.tile(4, 3, 1, 32) == (4, 3)
+    assert rule.tile(4, 16, 2, 16) == (1, 4)  # a row of 16 does not fit even one over
+    assert rule.tile(1, 1, 2, 16) == (1, 1)
+
+
+def test_which_layers_have_the_form():
+    prec = kernels.Precision("float32", "float32")
+    stem = conv3d(1, 3, (4, 16, 16), 16, (3, 7, 7), stride=2, pad=3)
+    forms = _other_forms(graph_of("grad_weight", stem, prec, target=TARGET),
+                         "grad_weight", stem, prec, False, TARGET)
+    assert list(forms) == ["rows", "outer"]
+    assert stages.DW_OUTER_X in stages.stage_names(forms["outer"].output)
+    for conv in (conv3d(1, 3, (4, 8, 16), 8, (3, 3, 3)),  # fewer than a block of outputs
+                 conv3d(1, 5, (4, 8, 16), 24, (3, 3, 3)),  # 5 input channels
+                 conv3d(1, 4, (4, 8, 16), 32, (3, 3, 3), groups=2)):
+        assert not kernels.outer_applies(conv)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_the_operator_races_it_and_computes_the_same(transposed, measuring):
+    """Through ``convolution_backward`` from an empty cache: the selection timed the outer
+    form, and whichever won, the weight gradient equals NumPy's."""
+    rng = np.random.default_rng(7)
+    # Forward: 3 -> 20 channels, k(1, 5, 5), stride 2, pad 2. Transposed, 20 -> 3: the weight
+    # gradient's x is then the user's grad_output, of 3 channels, and its dy has 20.
+    x = rng.standard_normal((2, 3, 2, 12, 12) if not transposed else (2, 20, 2, 6, 6))
+    x = x.astype(np.float32)
+    w = rng.standard_normal((20, 3, 1, 5, 5)).astype(np.float32)  # (Cin, Cout) transposed
+    out = (2, 20, 2, 6, 6) if not transposed else (2, 3, 2, 11, 11)
+    dy = rng.standard_normal(out).astype(np.float32)
+    kw = dict(bias_sizes=None, stride=(1, 2, 2), padding=(0, 2, 2), dilation=1,
+              transposed=transposed, output_padding=0, groups=1,
+              output_mask=(False, True, False))
+    executor = ops.prepare_convolution_backward(dy, x, w, **kw)
+    times = executor.kernels["grad_weight"].metadata["para_dict"]["selection"]["times_ms"]
+    assert any(name.startswith("outer: ") for name in times), times
+    got = executor(dy, x, w)[1]
+    want = ref.convolution_backward(dy.astype(np.float64), x.astype(np.float64),
+                                    w.astype(np.float64), stride=[1, 2, 2], padding=[0, 2, 2],
+                                    dilation=[1] * 3, transposed=transposed,
+                                    output_padding=[0] * 3, groups=1,
+                                    output_mask=(False, True, False))[1]
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
