@@ -459,10 +459,15 @@ def _replace_record(records: Path, mod: IRModule, target: Target, record, run_se
 
 def select(func, default: Callable, target: Target, search: str | os.PathLike,
            records: str | os.PathLike, top_k: int = 3, margin: float = 0.03,
-           out=sys.stderr) -> tuple[float, float]:
+           out=sys.stderr, untuned: tuple[Form, ...] = ()) -> tuple[float, float]:
     """Keep in ``records`` the fastest of ``search``'s ``top_k`` records for ``func`` and the
     one ``records`` holds already, only if it beats the untuned template by ``margin``, all
-    re-measured here, side by side.
+    re-measured here, side by side. ``untuned``: what a build without records would race
+    (``kernels.selection_forms``: this form's candidates and the kernel's other forms'); the
+    record must then beat the fastest of them all. A build replays a record of the user's
+    as it is: measured against the packed form's default alone (6.3 ms for I3D's stem's
+    weight gradient), a tuned packed record would have replaced the outer-product form that
+    measured selection picks (3.7 ms).
 
     MetaSchedule ranks candidates by single measurements in its runner; on a shared 2-core
     machine those were off by up to 2x (the untuned template measured at 162 ms for an 84 ms
@@ -480,7 +485,19 @@ def select(func, default: Callable, target: Target, search: str | os.PathLike,
     candidates = list(db.get_top_k(db.commit_workload(mod), top_k))
     stored_db = _open_records(records)
     stored = None if stored_db is None else _best_record(stored_db, mod, target)
-    funcs, contenders = [default(s_tir.Schedule(mod)).mod["main"]], []
+    if untuned:
+        names = [f"{form.name}: {knobs}" if form.name else str(knobs)
+                 for form in untuned for knobs in form.candidates]
+        funcs = []
+        for form in untuned:
+            # One module per form, every candidate scheduled from it (as measured selection
+            # does): a second ``workload`` of a PrimFunc scheduled once failed to schedule.
+            form_mod = workload(form.func)
+            funcs += [form.schedule_with(s_tir.Schedule(form_mod), knobs).mod["main"]
+                      for knobs in form.candidates]
+    else:
+        names, funcs = ["the untuned template"], [default(s_tir.Schedule(mod)).mod["main"]]
+    contenders = []
     for record in candidates + ([stored] if stored is not None else []):
         try:
             funcs.append(_replay(record, mod).mod["main"])
@@ -488,7 +505,11 @@ def select(func, default: Callable, target: Target, search: str | os.PathLike,
         except Exception as err:  # a trace of an older template: it cannot win
             print(f"skipped a record whose trace no longer applies: {type(err).__name__}",
                   file=out)
-    base, *times = _race(_runners(funcs, target)[0])
+    timed = _race(_runners(funcs, target)[0])
+    bases, times = timed[:len(names)], timed[len(names):]
+    base = min(bases)
+    if untuned:
+        print(f"untuned build: {names[bases.index(base)]} {base * 1e3:.3f} ms", file=out)
     best, best_secs = None, math.inf
     for record, secs in zip(contenders, times, strict=True):
         if secs < best_secs:
@@ -733,6 +754,9 @@ class Task:
     default: Callable
     flops: float
     weight: float = 1.0
+    # What a build without records races (``kernels.selection_forms``): a record is kept only
+    # if it beats all of it (:func:`select`). Empty: ``default`` alone.
+    untuned: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -907,7 +931,8 @@ def tune_tasks(tasks: list[Task], target: Target, records: str | os.PathLike, *,
                         out, curves)
     results, pictures = {}, []
     for task, workload_hash in zip(tasks, hashes, strict=True):
-        best, base = select(task.func, task.default, target, search, records, out=out)
+        best, base = select(task.func, task.default, target, search, records, out=out,
+                            untuned=task.untuned)
         results[task.name] = (best, base)
         print(f"{task.name}: {best * 1e3:.3f} ms (untuned {base * 1e3:.3f} ms)", file=out)
         curve = tuning_curves.curve_path(curves, task.name, workload_hash)

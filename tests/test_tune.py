@@ -238,6 +238,51 @@ def test_select_keeps_a_stored_record_only_while_it_beats_the_template(tmp_path,
         assert (records / "database_tuning_record.json.previous").read_text() == before
 
 
+@pytest.mark.parametrize("fastest, kept", [("outer", False), ("tuned", True)])
+def test_a_tuned_record_must_beat_every_form_a_build_would_race(tmp_path, monkeypatch,
+                                                                 fastest, kept):
+    """A build replays a record of the user's as it is: tuning keeps one only if it beats
+    what a build without it would race, the kernel's other forms included (a stem's packed
+    form, tuned, against its rows and outer-product forms). The race is stubbed: this is the
+    choice made on its times."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from tbe_like.ops.convolution_backward import _other_forms
+    from tbe_like.tune import workload
+
+    target, prec = host_target(), kernels.Precision("float32", "float32")
+    stem = kernels.Conv3d(1, 3, 16, (2, 12, 12), (2, 6, 6), (1, 5, 5), (1, 2, 2),
+                          (0, 0, 2, 2, 2, 2), (1, 1, 1), 1)
+    records, search = tmp_path / "records", tmp_path / "search"
+    monkeypatch.setenv("TBE_LIKE_RECORDS", str(records))
+    monkeypatch.setenv("TBE_LIKE_CACHE_DIR", str(tmp_path / "cache"))
+    graph = graph_of("grad_weight", stem, prec, target=target)
+    untuned = tuple(kernels.selection_forms(graph, target, _other_forms(
+        graph, "grad_weight", stem, prec, False, target)))
+    names = [f"{f.name}: {k}" if f.name else str(k) for f in untuned for k in f.candidates]
+    assert [f.name for f in untuned] == ["", "rows", "outer"]
+    func = _record_of_template(graph, target, records)  # stands for a tuned packed record
+    search.mkdir()
+    ms.database.JSONDatabase(work_dir=str(search)).commit_workload(workload(func))
+
+    def times(runners):  # the untuned candidates, then the stored record
+        assert len(runners) == len(names) + 1
+        base = [0.5 if n.startswith("outer: ") and fastest == "outer" else 1.0 for n in names]
+        return [*base, 0.9 if fastest == "outer" else 0.5]
+
+    monkeypatch.setattr(tune, "_runners", lambda funcs, target: ([None] * len(funcs), []))
+    monkeypatch.setattr(tune, "_race", times)
+    out = io.StringIO()
+    best, base = select(func, lambda sch: kernels.schedule(sch, graph, target), target, search,
+                        records, out=out, untuned=untuned)
+    assert (lookup(func, target) is not None) == kept, out.getvalue()
+    assert base == (0.5 if fastest == "outer" else 1.0)
+    assert best == 0.5  # the stored record's time where it is kept, else the untuned build's
+    if not kept:
+        assert "untuned build: outer: " in out.getvalue()
+        assert "removed the stored record" in out.getvalue()
+
+
 @pytest.mark.parametrize("kind", ["grad_weight", "grad_input"])
 def test_measured_selection_stores_the_fastest_candidate(measuring, monkeypatch, kind):
     """A build without a record times the rule's candidates here, keeps the fastest as a

@@ -1056,6 +1056,31 @@ def alternative_candidates(graph: Graph, target: Target) -> list:
     return [None, *(k for k in candidates(graph.op, target) if getattr(k, "gemm", None))]
 
 
+def selection_forms(graph: Graph, target: Target,
+                    alternatives: dict[str, Graph] | None = None) -> list:
+    """What measured selection races for a kernel without a record (``tune.Form``s): the
+    kernel's own form with its candidates first, then each of the ``alternatives`` (other
+    forms by name, :func:`alternative_candidates`). Tuning races its records against them
+    too (``tune.select``)."""
+    from ..schedules import candidates
+    from ..tune import Form
+
+    def scheduler(g: Graph):
+        return lambda s, knobs: schedule(s, g, target, knobs)
+
+    # A small kernel's forms race on one core too, each with its rule's default.
+    one = [OneCore()] if one_core_races(graph, target) else []
+    forms = [Form(name, prim_func(g), scheduler(g), alternative_candidates(g, target) + one)
+             for name, g in (alternatives or {}).items()]
+    own = candidates(graph.op, target)
+    if any(g.op in ROWS_OPS for g in (alternatives or {}).values()):
+        # Beside a rows form the packed form races with its rule's default alone: its other
+        # tiles lost to the rows form by 1.5-10x on every stem of the network suite, and each
+        # costs a compile (a video stem's first build took 8-10 s with them).
+        own = [None]
+    return [Form("", prim_func(graph), scheduler(graph), own + one), *forms]
+
+
 def build(graph: Graph, target: Target, output_dir, kernel_name: str, op: str,
           para_dict: dict, alternatives: dict[str, Graph] | None = None) -> Kernel:
     """Schedule (the best tuning record, else the rule + layout stages), compile, export.
@@ -1063,26 +1088,11 @@ def build(graph: Graph, target: Target, output_dir, kernel_name: str, op: str,
     ``alternatives``: other forms of the same kernel by name (same inputs and output, e.g.
     the direct form of a Winograd kernel), whose rule defaults measured selection times
     too (``tune.plan``)."""
-    from ..schedules import candidates
-    from ..tune import Form, plan
+    from ..tune import plan
 
-    def scheduler(g: Graph):
-        return lambda s, knobs: schedule(s, g, target, knobs)
-
-    # A small kernel's forms race on one core too, each with its rule's default.
-    one = [OneCore()] if one_core_races(graph, target) else []
-    func = prim_func(graph)
-    forms = tuple(Form(name, prim_func(g), scheduler(g), alternative_candidates(g, target) + one)
-                  for name, g in (alternatives or {}).items())
-    own = candidates(graph.op, target)
-    if any(g.op in ROWS_OPS for g in (alternatives or {}).values()):
-        # Beside a rows form the packed form races with its rule's default alone: its other
-        # tiles lost to the rows form by 1.5-10x on every stem of the network suite, and each
-        # costs a compile (a video stem's first build took 8-10 s with them).
-        own = [None]
-    own = own + one
-    sch, origin, selection = plan(func, scheduler(graph), own, target,
-                                  symbol=kernel_name, alternatives=forms)
+    main, *forms = selection_forms(graph, target, alternatives)
+    sch, origin, selection = plan(main.func, main.schedule_with, main.candidates, target,
+                                  symbol=kernel_name, alternatives=tuple(forms))
     tuned = origin == "record"
     mod = IRModule({"main": sch.mod["main"].with_attr("global_symbol", kernel_name)})
     if selection is not None and selection.executable is not None:
