@@ -527,8 +527,9 @@ def select(func, default: Callable, target: Target, search: str | os.PathLike,
         replace_record(records, mod, target)
         print(f"removed the stored record of this workload: the untuned template is as fast "
               f"(the previous files are kept as *.previous in {records})", file=out)
+    untuned_name = "untuned build" if untuned else "untuned template"
     print(f"no record stored: the best tuned schedule ({best_secs * 1e3:.3f} ms) is not "
-          f"{margin:.0%} faster than the untuned template ({base * 1e3:.3f} ms)", file=out)
+          f"{margin:.0%} faster than the {untuned_name} ({base * 1e3:.3f} ms)", file=out)
     return base, base
 
 
