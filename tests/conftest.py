@@ -85,6 +85,29 @@ def conv3d(n, cin, spatial, cout, kernel, stride=1, pad=1, dil=1, groups=1):
                           tuple(q for p in pad for q in (p, p)), dil, groups)
 
 
+def few_channel_weight_gradient(channels: int, transposed: bool, seed: int):
+    """A 3 -> ``channels`` layer's weight gradient through ``ops.convolution_backward`` (k(1,
+    5, 5), stride (1, 2, 2), pad (0, 2, 2); transposed, ``channels`` -> 3 upsampling, whose
+    weight gradient's x is the user's grad_output, of 3 channels): the selection's times by
+    candidate, the result, and NumPy's (float64)."""
+    from tbe_like import ops
+    from tbe_like.testing import reference as ref
+
+    rng = np.random.default_rng(seed)
+    small, big = (2, 3, 2, 12, 12), (2, channels, 2, 6, 6)
+    x = rng.standard_normal(big if transposed else small).astype(np.float32)
+    w = rng.standard_normal((channels, 3, 1, 5, 5)).astype(np.float32)  # (Cin, Cout) transposed
+    dy = rng.standard_normal((2, 3, 2, 11, 11) if transposed else big).astype(np.float32)
+    geometry = dict(stride=[1, 2, 2], padding=[0, 2, 2], dilation=[1] * 3, transposed=transposed,
+                    groups=1, output_mask=(False, True, False))
+    executor = ops.prepare_convolution_backward(dy, x, w, bias_sizes=None, output_padding=0,
+                                                **geometry)
+    times = executor.kernels["grad_weight"].metadata["para_dict"]["selection"]["times_ms"]
+    want = ref.convolution_backward(dy.astype(np.float64), x.astype(np.float64),
+                                    w.astype(np.float64), output_padding=[0] * 3, **geometry)[1]
+    return times, executor(dy, x, w)[1], want
+
+
 def weight_gradient(conv, x, dy):
     """dW of ``conv`` (padded alike on both sides of each axis) on ``x`` and ``dy``, by the
     NumPy reference, in float64."""

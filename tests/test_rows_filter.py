@@ -8,15 +8,21 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import NP_DTYPES, RTOL, conv3d, run_form, weight_gradient
+from conftest import (
+    NP_DTYPES,
+    RTOL,
+    conv3d,
+    few_channel_weight_gradient,
+    run_form,
+    weight_gradient,
+)
 from tbe_like.schedules.common import HEURISTIC_LANES
 from tbe_like.schedules.llvm.conv3d_backprop_filter_rows import tile
 
-from tbe_like import ops, stages
+from tbe_like import stages
 from tbe_like.ops import kernels
 from tbe_like.ops.convolution_backward import _other_forms, graph_of
 from tbe_like.target import host_target
-from tbe_like.testing import reference as ref
 
 TARGET = host_target()
 CASES = {  # (conv, dtype, padding (D, H, W) for the reference)
@@ -77,24 +83,6 @@ def test_only_few_channel_layers_have_the_form():
 def test_the_operator_races_it_and_computes_the_same(transposed, measuring):
     """Through ``convolution_backward`` from an empty cache: the selection timed the rows
     form, and whichever won, the weight gradient equals NumPy's."""
-    rng = np.random.default_rng(6)
-    # Forward: 3 -> 8 channels, k(1, 5, 5), stride 2, pad 2. Transposed, 8 -> 3 upsampling:
-    # the weight gradient's x is then the user's grad_output, of 3 channels.
-    x = rng.standard_normal((2, 3, 2, 12, 12) if not transposed else (2, 8, 2, 6, 6))
-    x = x.astype(np.float32)
-    w = rng.standard_normal((8, 3, 1, 5, 5)).astype(np.float32)
-    out = (2, 8, 2, 6, 6) if not transposed else (2, 3, 2, 11, 11)
-    dy = rng.standard_normal(out).astype(np.float32)
-    kw = dict(bias_sizes=None, stride=(1, 2, 2), padding=(0, 2, 2), dilation=1,
-              transposed=transposed, output_padding=0, groups=1,
-              output_mask=(False, True, False))
-    executor = ops.prepare_convolution_backward(dy, x, w, **kw)
-    times = executor.kernels["grad_weight"].metadata["para_dict"]["selection"]["times_ms"]
+    times, got, want = few_channel_weight_gradient(8, transposed, seed=6)  # 3 <-> 8 channels
     assert any(name.startswith("rows: ") for name in times), times
-    got = executor(dy, x, w)[1]
-    want = ref.convolution_backward(dy.astype(np.float64), x.astype(np.float64),
-                                    w.astype(np.float64), stride=[1, 2, 2], padding=[0, 2, 2],
-                                    dilation=[1] * 3, transposed=transposed,
-                                    output_padding=[0] * 3, groups=1,
-                                    output_mask=(False, True, False))[1]
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
