@@ -404,6 +404,30 @@ def rows_applies(conv: Conv3d) -> bool:
             and conv.kernel[2] <= ROWS_MAX_COLUMNS)
 
 
+def _x_reach(conv: Conv3d) -> tuple[int, int, int]:
+    """The extent of zero-padded x the taps reach along (D, H, W)."""
+    return tuple((o - 1) * s + (k - 1) * d + 1 for o, s, k, d in zip(
+        conv.out_spatial, conv.strides, conv.kernel, conv.dilations, strict=True))
+
+
+def _padded_x(x: te.Tensor, conv: Conv3d, n, ci, d, h, w):
+    """(whether (d, h, w) of zero-padded x lies in x, the value read there): the few-channel
+    forms' padded copies of x, whose D and H source rows :func:`_x_source_rows` declares."""
+    front, top, left = conv.pads[0], conv.pads[2], conv.pads[4]
+    in_d, in_h, in_w = conv.in_spatial
+    inside = tirx.all(d >= front, d < front + in_d, h >= top, h < top + in_h,
+                      w >= left, w < left + in_w)
+    return inside, x[n, ci, d - front, h - top, w - left]
+
+
+def _x_source_rows(conv: Conv3d) -> dict:
+    """The attributes of a padded copy of x (:func:`_padded_x`) declaring its D and H source
+    rows, for the rules to skip the steps that read padding."""
+    front, top = conv.pads[0], conv.pads[2]
+    in_d, in_h, _ = conv.in_spatial
+    return source_rows({2: (front, front + in_d), 3: (top, top + in_h)})
+
+
 def grad_weight_rows(conv: Conv3d, prec: Precision,
                      names=("input", "grad_output", "grad_weight")) -> Graph:
     """dW of a layer of few input channels (:func:`rows_applies`) as dot products along the
@@ -423,27 +447,20 @@ def grad_weight_rows(conv: Conv3d, prec: Precision,
     dy = _placeholder(conv.y_shape, names[1], prec.dtype)
     convert = prec.convert()
     kw, (sd, sh, sw), (dd, dh, dw) = conv.kernel[2], conv.strides, conv.dilations
-    front, top, left = conv.pads[0], conv.pads[2], conv.pads[4]
     do, ho, wo = conv.out_spatial
     row = -(-wo // ROWS_LANES) * ROWS_LANES
     phases = min(sw, (kw - 1) * dw + 1)
     # The rows the kernel reaches in padded x; per phase, the columns of every tap's row.
-    depth, height = ((o - 1) * s + (k - 1) * d + 1 for o, s, k, d in
-                     zip(conv.out_spatial[:2], conv.strides[:2], conv.kernel[:2],
-                         conv.dilations[:2], strict=True))
+    depth, height, _ = _x_reach(conv)
     columns = row + (kw - 1) * dw // sw
     zero = tirx.const(0, prec.dtype)
-    in_d, in_h, in_w = conv.in_spatial
 
     def x_body(n, ci, d, h, r, q):
-        w = q * sw + r
-        inside = tirx.all(d >= front, d < front + in_d, h >= top, h < top + in_h,
-                          w >= left, w < left + in_w)
-        return tirx.if_then_else(inside, x[n, ci, d - front, h - top, w - left], zero)
+        return tirx.if_then_else(*_padded_x(x, conv, n, ci, d, h, q * sw + r), zero)
 
     xs = te.compute((conv.batch, conv.cin, depth, height, phases, columns), x_body,
                     name=stages.DW_ROWS_X, tag=stages.tag(FILTER_ROWS_OP, "x"),
-                    attrs=source_rows({2: (front, front + in_d), 3: (top, top + in_h)}))
+                    attrs=_x_source_rows(conv))
     if row == wo:
         dy_row = dy
     else:
@@ -508,22 +525,14 @@ def grad_weight_outer(conv: Conv3d, prec: Precision,
     dy = _placeholder(conv.y_shape, names[1], prec.dtype)
     convert = prec.convert()
     (sd, sh, sw), (dd, dh, dw) = conv.strides, conv.dilations
-    front, top, left = conv.pads[0], conv.pads[2], conv.pads[4]
-    in_d, in_h, in_w = conv.in_spatial
-    # The extent of padded x the taps reach along each axis.
-    reach = tuple((o - 1) * s + (k - 1) * d + 1 for o, s, k, d in zip(
-        conv.out_spatial, conv.strides, conv.kernel, conv.dilations, strict=True))
     zero = tirx.const(0, ACC_DTYPE)
 
     def x_body(n, ci, d, h, w):
-        inside = tirx.all(d >= front, d < front + in_d, h >= top, h < top + in_h,
-                          w >= left, w < left + in_w)
-        return tirx.if_then_else(
-            inside, convert(x[n, ci, d - front, h - top, w - left]).astype(ACC_DTYPE), zero)
+        inside, value = _padded_x(x, conv, n, ci, d, h, w)
+        return tirx.if_then_else(inside, convert(value).astype(ACC_DTYPE), zero)
 
-    xs = te.compute((conv.batch, conv.cin, *reach), x_body, name=stages.DW_OUTER_X,
-                    tag=stages.tag(FILTER_OUTER_OP, "x"),
-                    attrs=source_rows({2: (front, front + in_d), 3: (top, top + in_h)}))
+    xs = te.compute((conv.batch, conv.cin, *_x_reach(conv)), x_body, name=stages.DW_OUTER_X,
+                    tag=stages.tag(FILTER_OUTER_OP, "x"), attrs=_x_source_rows(conv))
     block, cout = OUTER_BLOCK, conv.cout
     blocks = -(-cout // block)
 
