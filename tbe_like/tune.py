@@ -486,15 +486,9 @@ def select(func, default: Callable, target: Target, search: str | os.PathLike,
     stored_db = _open_records(records)
     stored = None if stored_db is None else _best_record(stored_db, mod, target)
     if untuned:
-        names = [f"{form.name}: {knobs}" if form.name else str(knobs)
-                 for form in untuned for knobs in form.candidates]
-        funcs = []
-        for form in untuned:
-            # One module per form, every candidate scheduled from it (as measured selection
-            # does): a second ``workload`` of a PrimFunc scheduled once failed to schedule.
-            form_mod = workload(form.func)
-            funcs += [form.schedule_with(s_tir.Schedule(form_mod), knobs).mod["main"]
-                      for knobs in form.candidates]
+        options = _options(untuned)
+        names = [name for name, _, _ in options]
+        funcs = [sch.mod["main"] for _, sch, _ in options]
     else:
         names, funcs = ["the untuned template"], [default(s_tir.Schedule(mod)).mod["main"]]
     contenders = []
@@ -614,6 +608,27 @@ class Form:
     candidates: list
 
 
+def _options(forms) -> list[tuple[str, Any, Any]]:
+    """Every distinct schedule of the ``forms``' candidates, as ``(name, schedule, module)``
+    with the name a selection gives it (``"rows: Heuristic(lanes=8)"``, ``"rule"``): each
+    form's candidates scheduled from one module of its own (scheduled again from a second
+    ``workload`` of the same PrimFunc, the rows form failed), a schedule that another knobs
+    value gave already left out (it would be compiled and timed twice)."""
+    from tvm_ffi import structural_hash
+
+    from ._tvm import s_tir
+
+    distinct: dict[int, tuple[str, Any, Any]] = {}
+    for form in forms:
+        mod = workload(form.func)
+        for knobs in form.candidates:
+            sch = form.schedule_with(s_tir.Schedule(mod), knobs)
+            name = str(knobs) if knobs is not None else "rule"
+            name = f"{form.name}: {name}" if form.name else name
+            distinct.setdefault(structural_hash(sch.mod), (name, sch, mod))
+    return list(distinct.values())
+
+
 def measured_schedule(func, schedule_with: Callable[[Any, Any], Any], candidates: list,
                       target: Target, records: str | os.PathLike | None = None,
                       symbol: str = "main", alternatives: tuple[Form, ...] = ()
@@ -631,20 +646,10 @@ def measured_schedule(func, schedule_with: Callable[[Any, Any], Any], candidates
     named ``symbol``, and the selection keeps the winner's executable.
     """
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
-    from tvm_ffi import structural_hash
 
-    from ._tvm import s_tir
 
     start = time.perf_counter()
-    distinct: dict[int, tuple[str, Any, Any]] = {}
-    for form in (Form("", func, schedule_with, candidates), *alternatives):
-        mod = workload(form.func)
-        for knobs in form.candidates:
-            sch = form.schedule_with(s_tir.Schedule(mod), knobs)
-            name = str(knobs) if knobs is not None else "rule"
-            name = f"{form.name}: {name}" if form.name else name
-            distinct.setdefault(structural_hash(sch.mod), (name, sch, mod))
-    options = list(distinct.values())
+    options = _options((Form("", func, schedule_with, candidates), *alternatives))
     if len(options) == 1:
         return options[0][1], None
     runners, executables = _runners([sch.mod["main"] for _, sch, _ in options], target, symbol)

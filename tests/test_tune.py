@@ -259,7 +259,7 @@ def test_a_tuned_record_must_beat_every_form_a_build_would_race(tmp_path, monkey
     graph = graph_of("grad_weight", stem, prec, target=target)
     untuned = tuple(kernels.selection_forms(graph, target, _other_forms(
         graph, "grad_weight", stem, prec, False, target)))
-    names = [f"{f.name}: {k}" if f.name else str(k) for f in untuned for k in f.candidates]
+    names = [name for name, _, _ in tune._options(untuned)]  # the distinct schedules, named
     assert [f.name for f in untuned] == ["", "rows", "outer"]
     func = _record_of_template(graph, target, records)  # stands for a tuned packed record
     search.mkdir()
