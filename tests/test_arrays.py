@@ -314,6 +314,54 @@ def test_the_operator_reads_plain_arrays_without_the_general_checks(tmp_path_fac
         ex(go, x.astype(np.float64), w)
 
 
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+def test_out_arrays_are_written_without_the_general_checks(tmp_path_factory, monkeypatch,
+                                                           library):
+    """``out=`` arrays that need no conversion (contiguous, the prepared shapes and dtype, no
+    byte shared with an input) are handed to the kernels as they are, on the plain path (the
+    general path's checks cost 30-40 us a call); the call returns them, filled with the
+    reference's values. A non-contiguous ``out`` takes the general path (through a copy)."""
+    from tbe_like.cache import KernelCache
+
+    rng = np.random.default_rng(6)
+    go = rng.standard_normal((2, 8, 3, 4, 5)).astype(np.float32)
+    x = rng.standard_normal((2, 4, 3, 6, 7)).astype(np.float32)
+    w = rng.standard_normal((8, 4, 1, 3, 3)).astype(np.float32)
+    conv = dict(stride=1, padding=0, dilation=1)
+    ex = ops.prepare_convolution_backward(
+        go, x, w, bias_sizes=[8], output_mask=(True, True, True), transposed=False,
+        output_padding=0, groups=1,
+        cache=KernelCache(tmp_path_factory.getbasetemp() / "arrays_cache"), **conv)
+    want = ref.convolution_backward(go, x, w, transposed=False, output_padding=0, groups=1,
+                                    output_mask=(True, True, True), **conv)
+    args = (go, x, w)
+    out = tuple(np.full(a.shape, np.nan, np.float32) for a in (x, w, want[2]))
+    if library == "torch":
+        args, out = (tuple(torch.from_numpy(a) for a in group) for group in (args, out))
+    general = Kernel._args
+    monkeypatch.setattr(Kernel, "_args", lambda *a: pytest.fail("took the general path"))
+    seen = [spy(k, monkeypatch) for k in (ex.kernels["grad_input"], ex.kernels["grad_weight"])]
+    got = ex(*args, out=out)
+    assert all(g is o for g, o in zip(got, out, strict=True))
+    assert seen[0][0][2] == address(out[0]) and seen[1][0][2] == address(out[1])
+    for g, e in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(g), e, rtol=0, atol=1e-4 * np.abs(e).max())
+    # The kernel alone: the same, through Kernel.__call__'s plain path.
+    kx, kgo = x.reshape(ex.kernels["grad_weight"].inputs[0].shape), go
+    dw = np.full(ex.kernels["grad_weight"].outputs[0].shape, np.nan, np.float32)
+    assert ex.kernels["grad_weight"](kx, kgo, out=dw) is dw
+    np.testing.assert_allclose(dw.reshape(w.shape), want[1], rtol=0,
+                               atol=1e-4 * np.abs(want[1]).max())
+    # A strided out: the general path, which writes it through a copy.
+    monkeypatch.setattr(Kernel, "_args", general)
+    holder = np.zeros((*w.shape[:-1], 2 * w.shape[-1]), np.float32)
+    strided = holder[..., ::2]
+    assert ex._plain(go, x, w, (None, strided, None)) is None
+    ex(go, x, w, out=(None, strided, None))
+    np.testing.assert_allclose(strided, want[1], rtol=0, atol=1e-4 * np.abs(want[1]).max())
+    assert not holder[..., 1::2].any()
+
+
 def test_the_plain_path_refuses_what_the_kernel_cannot_read_in_place(kernel, data):
     """``Kernel._reads_in_place``: a kernel that assumes 64-byte addresses takes an aligned
     array as it is and a misaligned one through the general path (which copies it)."""

@@ -91,8 +91,8 @@ class ConvolutionBackwardExecutor:
         arrays, read in place; the results are arrays of grad_output's library on its device.
         ``out``: three arrays to write the results into (``None`` entries are allocated).
         """
-        if out is None and self._plain is not None:
-            found = self._plain(grad_output, input, weight)
+        if self._plain is not None:
+            found = self._plain(grad_output, input, weight, out)
             if found is not None:
                 return found
         p = self.params
@@ -129,11 +129,12 @@ class ConvolutionBackwardExecutor:
 
 def _plain_call(p: ConvolutionBackwardParams, built: dict[str, Kernel]):
     """The executor's call on NumPy arrays, or CPU torch tensors, that need no conversion: a
-    function of ``(grad_output, input, weight)`` that returns the gradients, or None when the
-    arrays are anything else (the general path then checks them and says what is wrong). The
-    checks and conversions of the general path cost 25-40 us a call, more than a 1x1x1
-    layer's kernel (1-13 us) and than PyTorch's whole call (10-20 us). None where an operand
-    or a result needs a conversion (mixed dtypes, bfloat16) or the executor has no kernel."""
+    function of ``(grad_output, input, weight, out)`` that returns the gradients (written into
+    ``out``'s arrays where given), or None when the arrays are anything else (the general path
+    then checks them and says what is wrong). The checks and conversions of the general path
+    cost 25-40 us a call, more than a 1x1x1 layer's kernel (1-13 us) and than PyTorch's whole
+    call (10-20 us). None where an operand or a result needs a conversion (mixed dtypes,
+    bfloat16) or the executor has no kernel."""
     dtypes = {p.grad_output_dtype, p.input_dtype, p.weight_dtype, p.dtype}
     if p.empty or len(dtypes) != 1 or "bfloat16" in dtypes or not built:
         return None
@@ -153,31 +154,63 @@ def _plain_call(p: ConvolutionBackwardParams, built: dict[str, Kernel]):
         takes = (0, 2) if name == "grad_input" else ((0, 1) if p.transposed else (1, 0))
         runs.append((kernel, takes, (p.input_shape, p.weight_shape)[slot], slot))
     bias_axes = (0, *range(2, len(p.grad_output_shape))) if p.output_mask[2] else None
+    out_shapes = (p.input_shape, p.weight_shape, (p.grad_output_shape[1],))
+    out_dtypes = tuple(arrays.numpy_dtype(d) for d in (
+        p.grad_input_dtype, p.grad_weight_dtype, p.grad_bias_dtype))
 
-    def call(*given: Any):
-        host = given
-        if type(given[0]) is not np.ndarray:
+    def call(grad_output: Any, input: Any, weight: Any, out: Any = None):
+        given = (grad_output, input, weight)
+        if out is None:
+            out = (None, None, None)
+        elif type(out) not in (tuple, list) or len(out) != 3:
+            return None
+        host, host_out = given, tuple(out)
+        if type(grad_output) is not np.ndarray:
             # CPU torch tensors: their NumPy views (no copy), the results wrapped back. Only
             # when PyTorch is imported (what else could have made a tensor), only plain tensors
-            # (not a subclass such as torch.compile's fake tensors) in the CPU's memory.
+            # (not a subclass such as torch.compile's fake tensors) in the CPU's memory; an
+            # ``out`` tensor that requires grad is the general path's to refuse.
             torch = sys.modules.get("torch")
             if torch is None or any(type(a) is not torch.Tensor or a.device.type != "cpu"
                                     for a in given):
                 return None
+            if any(o is not None and (type(o) is not torch.Tensor or o.device.type != "cpu"
+                                      or o.requires_grad) for o in out):
+                return None
             host = tuple((a.detach() if a.requires_grad else a).numpy() for a in given)
+            host_out = tuple(None if o is None else o.numpy() for o in out)
         for a, shape in zip(host, shapes, strict=True):
             if type(a) is not np.ndarray or a.shape != shape or a.dtype != dtype:
+                return None
+        for o, shape, want in zip(host_out, out_shapes, out_dtypes, strict=True):
+            if o is not None and (type(o) is not np.ndarray or o.shape != shape
+                                  or o.dtype != want or not o.flags.c_contiguous):
                 return None
         args = [tuple(host[i].reshape(shapes5[i]) for i in takes) for _, takes, _, _ in runs]
         if not all(run[0]._reads_in_place(ins) for run, ins in zip(runs, args, strict=True)):
             return None
+        written = [None if host_out[slot] is None else
+                   host_out[slot].reshape(kernel.outputs[0].shape)
+                   for kernel, _, _, slot in runs]
+        if not all(kernel._writes_in_place((o,), ins)
+                   for (kernel, *_), ins, o in zip(runs, args, written, strict=True)
+                   if o is not None):
+            return None
         found: list[Any] = [None, None, None]
-        for (kernel, _, shape, slot), ins in zip(runs, args, strict=True):
-            found[slot] = kernel._run_in_place(ins).reshape(shape)
+        for (kernel, _, shape, slot), ins, o in zip(runs, args, written, strict=True):
+            if o is None:
+                found[slot] = kernel._run_in_place(ins).reshape(shape)
+            else:
+                kernel._run_into(ins, (o,))
+                found[slot] = out[slot]
         if bias_axes is not None:
             found[2] = arrays.sum_float32(host[0], bias_axes, p.grad_bias_dtype)
+            if host_out[2] is not None:
+                np.copyto(host_out[2], found[2])
+                found[2] = out[2]
         if host is not given:
-            found = [None if r is None else torch.from_numpy(r) for r in found]
+            found = [r if r is None or r is o else torch.from_numpy(r)
+                     for r, o in zip(found, out, strict=True)]
         return tuple(found)
 
     return call
