@@ -87,9 +87,9 @@ def test_only_layers_of_few_positions_have_the_forms():
         assert not kernels.col_applies(conv)
 
 
-def test_a_pointwise_weight_gradient_has_the_form_up_to_1024_positions():
+def test_a_pointwise_weight_gradient_has_the_form_at_any_number_of_positions():
     """A 1x1x1 layer's im2col matrix repeats no tap: its weight gradient (not its input
-    gradient) has the GEMM form on maps of up to 1024 positions."""
+    gradient) has the GEMM form on maps of any size, within the matrix's byte limit."""
     prec = kernels.Precision("float32", "float32")
     shortcut = conv3d(1, 32, (8, 14, 14), 48, (1, 1, 1), stride=(1, 2, 2), pad=0)  # 392
     for kind, has in (("grad_weight", True), ("grad_input", False)):
@@ -97,12 +97,15 @@ def test_a_pointwise_weight_gradient_has_the_form_up_to_1024_positions():
                              prec, False, TARGET)
         assert ("col" in forms) == has, kind
     assert kernels.weight_col_applies(shortcut) and not kernels.col_applies(shortcut)
-    assert kernels.weight_col_applies(conv3d(1, 32, (4, 16, 16), 48, (1, 1, 1), pad=0))  # 1024
-    for conv in (conv3d(1, 32, (4, 16, 17), 48, (1, 1, 1), pad=0),  # 1088 positions
-                 conv3d(1, 32, (4, 8, 9), 48, (3, 3, 3)),  # 288 positions, 3x3x3
+    for conv in (conv3d(1, 32, (4, 16, 16), 48, (1, 1, 1), pad=0),  # 1024 positions
+                 conv3d(1, 48, (16, 28, 28), 216, (1, 1, 1), pad=0),  # 12544 positions
+                 conv3d(2, 16, (16, 64, 64), 8, (1, 1, 1), pad=0)):  # 8 MiB exactly
+        assert kernels.weight_col_applies(conv)
+    for conv in (conv3d(1, 32, (4, 8, 9), 48, (3, 3, 3)),  # 288 positions, 3x3x3
                  conv3d(1, 24, (4, 8, 9), 48, (1, 1, 1), pad=0),  # 24 columns: not whole vectors
                  conv3d(1, 32, (4, 8, 9), 48, (1, 1, 1), pad=0, groups=2),  # groups
-                 conv3d(1, 8192, (1, 16, 20), 16, (1, 1, 1), pad=0)):  # a 10 MiB matrix
+                 conv3d(1, 8192, (1, 16, 20), 16, (1, 1, 1), pad=0),  # a 10 MiB matrix
+                 conv3d(2, 16, (16, 64, 65), 8, (1, 1, 1), pad=0)):  # just over 8 MiB
         assert not kernels.weight_col_applies(conv)
 
 

@@ -305,7 +305,8 @@ def _other_forms(graph: kernels.Graph, kind: str, conv: kernels.Conv3d,
     the user's layout
     (``kernels.grad_weight_col``, ``grad_input_col``: c3d conv4a's input gradient 3.3 ->
     0.8 ms; slower where the filter is tens of MB, hence the race); a pointwise layer's weight
-    gradient has that form up to 1024 positions."""
+    gradient has that form at any number of positions (X3D-M's 48 -> 216 on 16x28x28: 1.41
+    against 2.0-2.5 ms)."""
     forms = {}
     if kernels.uses_winograd(graph):
         forms["direct"] = graph_of(kind, conv, prec, transposed, None)

@@ -568,12 +568,15 @@ def grad_weight_outer(conv: Conv3d, prec: Precision,
 COL_MAX_POSITIONS = 256
 # ... and bytes of that matrix, at most.
 COL_MAX_BYTES = 8 << 20
-# A pointwise (1x1x1) layer's im2col matrix holds each element of x at most once: its weight
-# gradient's GEMM form races up to this many positions. Zen 4, against the packed form's
-# fastest tile: x3d_m's 96 -> 192 shortcut on 16x7x7 0.173 against 0.233 ms, 192 -> 432 0.68
-# against 0.70, 432 -> 192 0.74 against 0.67 (the race keeps the packed form there); the input
-# gradient's GEMM form lost or tied on the same layers, so it keeps COL_MAX_POSITIONS.
-COL_MAX_POINTWISE_POSITIONS = 1024
+# A pointwise (1x1x1) layer's im2col matrix holds each element of x at most once (it is x
+# transposed, or the positions a strided layer reads): its weight gradient's GEMM form races at
+# any number of positions, within COL_MAX_BYTES. It skips the packed form's passes over dy,
+# which cost more than the GEMM's re-reads of x_col as positions grow. Zen 4, X3D-M's
+# 48 -> 108 on 16x28x28 0.79 against 1.28 ms for the packed form's fastest tile, 48 -> 216 on
+# 16x28x28 1.41 against 2.01-2.5, 96 -> 432 on 16x14x14 1.24 against 1.41; its strided
+# 48 -> 96 shortcut 0.32 against 0.24 and U-Net's 64 -> 3 output layer 0.37 against 0.01 for
+# the dot form (the race keeps those).
+COL_MAX_POINTWISE_POSITIONS = math.inf
 
 
 def col_applies(conv: Conv3d, max_positions: int = COL_MAX_POSITIONS) -> bool:
@@ -588,8 +591,8 @@ def col_applies(conv: Conv3d, max_positions: int = COL_MAX_POSITIONS) -> bool:
 
 def weight_col_applies(conv: Conv3d) -> bool:
     """Whether ``grad_weight_col`` builds ``conv``'s weight gradient: where
-    :func:`col_applies`, up to ``COL_MAX_POINTWISE_POSITIONS`` positions for a pointwise
-    layer."""
+    :func:`col_applies`, at any number of positions (``COL_MAX_POINTWISE_POSITIONS``) for a
+    pointwise layer."""
     pointwise = tuple(conv.kernel) == (1, 1, 1)
     return col_applies(conv, COL_MAX_POINTWISE_POSITIONS if pointwise else COL_MAX_POSITIONS)
 
