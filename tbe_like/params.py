@@ -396,11 +396,14 @@ INPUT_COL_OP = "conv3d_backprop_input_col"
 @dataclass(frozen=True)
 class ColInputParams:
     """The sizes of a GEMM input gradient (``INPUT_COL_OP``): ``cols[m, f]`` over ``cout``
-    channels, ``positions`` (N*Do*Ho*Wo) rows, ``columns`` = Cin*kd*kh*kw."""
+    channels, ``positions`` (N*Do*Ho*Wo) rows, ``columns`` = Cin*kd*kh*kw; dX's spatial
+    extent ``(D, H, W)`` and the layer's ``strides``."""
 
     cout: int
     columns: int
     positions: int
+    in_spatial: tuple[int, int, int] = (1, 1, 1)
+    strides: tuple[int, int, int] = (1, 1, 1)
 
 
 # The framework operators' input gradient of a layer of few input channels, one stride phase of

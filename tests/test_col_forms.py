@@ -35,6 +35,14 @@ CASES = {  # (conv, dtype)
     "dil2": (conv3d(1, 16, (1, 6, 7), 8, (1, 3, 3), pad=0, dil=(1, 2, 2)), "float32"),
     "k133-float16": (conv3d(1, 16, (1, 4, 4), 20, (1, 3, 3), pad=(0, 1, 1)), "float16"),
     "k333-bfloat16": (conv3d(1, 16, (2, 2, 3), 8, (3, 3, 3)), "bfloat16"),
+    # Stride 2 dividing D and H: dX's positions one stride phase of D and H at a time.
+    "stride2-phases": (conv3d(1, 16, (4, 6, 5), 24, (3, 3, 3), stride=2), "float32"),
+    # A strided pointwise shortcut: phases of H only (D's stride is 1), a batch of 2.
+    "pointwise-1x2x2": (conv3d(2, 16, (3, 8, 6), 32, (1, 1, 1), stride=(1, 2, 2), pad=0),
+                        "float32"),
+    # Stride 2 dividing H alone (D = 5, W = 7: no phases there), float16.
+    "pointwise-stride2-float16": (conv3d(1, 16, (5, 6, 7), 16, (1, 1, 1), stride=2, pad=0),
+                                  "float16"),
 }
 
 
@@ -65,6 +73,22 @@ def test_every_tile_matches_reference(name, lanes):
     np.testing.assert_allclose(dx, dx_want, rtol=0, atol=RTOL[dtype] * np.abs(dx_want).max())
 
 
+@pytest.mark.parametrize("name, phases", [("stride2-phases", 2), ("pointwise-1x2x2", 1),
+                                          ("pointwise-stride2-float16", 1),
+                                          ("stride2-batch2", 0)])
+def test_the_positions_run_one_stride_phase_at_a_time(name, phases):
+    """dX's positions loop over the stride phases of D and H that the stride divides, each an
+    unrolled loop of extent 2 (a tap's stride test then folds to a constant); none where no
+    stride divides its axis."""
+    conv, dtype = CASES[name]
+    graph = kernels.grad_input_col(conv, kernels.Precision.on(TARGET, dtype, dtype))
+    sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})), graph,
+                           TARGET, Heuristic(16))
+    loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock("dx_col_res"))]
+    unrolled = [loop for loop in loops if loop.kind == tirx.ForKind.UNROLLED]
+    assert len(unrolled) == phases and all(int(loop.extent) == 2 for loop in unrolled)
+
+
 def test_the_tile_fits_the_registers():
     """Accumulators, the vectors of a row and one broadcast: 6 x 4 in 32 registers, 6 x 2 in
     16 (12 + 2 + 1); divisors of both extents."""
@@ -88,15 +112,19 @@ def test_only_layers_of_few_positions_have_the_forms():
 
 
 def test_a_pointwise_weight_gradient_has_the_form_at_any_number_of_positions():
-    """A 1x1x1 layer's im2col matrix repeats no tap: its weight gradient (not its input
-    gradient) has the GEMM form on maps of any size, within the matrix's byte limit."""
+    """A 1x1x1 layer's im2col matrix repeats no tap: its weight gradient has the GEMM form on
+    maps of any size, within the matrix's byte limit; so has a strided one's input gradient
+    (its dX is one stride phase of the GEMM's result), not a stride-1 one's."""
     prec = kernels.Precision("float32", "float32")
     shortcut = conv3d(1, 32, (8, 14, 14), 48, (1, 1, 1), stride=(1, 2, 2), pad=0)  # 392
-    for kind, has in (("grad_weight", True), ("grad_input", False)):
-        forms = _other_forms(graph_of(kind, shortcut, prec, target=TARGET), kind, shortcut,
-                             prec, False, TARGET)
-        assert ("col" in forms) == has, kind
-    assert kernels.weight_col_applies(shortcut) and not kernels.col_applies(shortcut)
+    plain = conv3d(1, 32, (8, 14, 14), 48, (1, 1, 1), pad=0)  # 1568 positions, stride 1
+    for conv, kind, has in ((shortcut, "grad_weight", True), (shortcut, "grad_input", True),
+                            (plain, "grad_weight", True), (plain, "grad_input", False)):
+        forms = _other_forms(graph_of(kind, conv, prec, target=TARGET), kind, conv, prec,
+                             False, TARGET)
+        assert ("col" in forms) == has, (conv, kind)
+    assert not kernels.col_applies(shortcut)
+    assert kernels.input_col_applies(conv3d(1, 32, (8, 28, 28), 64, (1, 1, 1), stride=2, pad=0))
     for conv in (conv3d(1, 32, (4, 16, 16), 48, (1, 1, 1), pad=0),  # 1024 positions
                  conv3d(1, 48, (16, 28, 28), 216, (1, 1, 1), pad=0),  # 12544 positions
                  conv3d(2, 16, (16, 64, 64), 8, (1, 1, 1), pad=0)):  # 8 MiB exactly

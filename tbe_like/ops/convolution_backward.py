@@ -306,7 +306,8 @@ def _other_forms(graph: kernels.Graph, kind: str, conv: kernels.Conv3d,
     (``kernels.grad_weight_col``, ``grad_input_col``: c3d conv4a's input gradient 3.3 ->
     0.8 ms; slower where the filter is tens of MB, hence the race); a pointwise layer's weight
     gradient has that form at any number of positions (X3D-M's 48 -> 216 on 16x28x28: 1.41
-    against 2.0-2.5 ms)."""
+    against 2.0-2.5 ms), and so has a strided pointwise layer's input gradient (R(2+1)D's
+    stride-2 shortcut: 0.10 against 0.15 ms)."""
     forms = {}
     if kernels.uses_winograd(graph):
         forms["direct"] = graph_of(kind, conv, prec, transposed, None)
@@ -323,7 +324,7 @@ def _other_forms(graph: kernels.Graph, kind: str, conv: kernels.Conv3d,
         if kernels.weight_col_applies(conv):
             forms["col"] = kernels.grad_weight_col(conv, prec, names)
     elif kind == "grad_input":
-        if kernels.col_applies(conv):
+        if kernels.input_col_applies(conv):
             forms["col"] = kernels.grad_input_col(conv, prec)
         if kernels.input_rows_applies(conv):
             forms["rows"] = kernels.grad_input_rows(conv, prec)
