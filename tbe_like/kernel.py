@@ -210,10 +210,9 @@ class Kernel:
         checks cost 30-40 us a call."""
         if not self._plain_numpy(outs, self._numpy_outputs):
             return False
-        spans = [(a.ctypes.data, a.ctypes.data + a.nbytes) for a in (*inputs, *outs)]
-        return not any(lo < other_hi and other_lo < hi
-                       for i, (lo, hi) in enumerate(spans[len(inputs):], len(inputs))
-                       for other_lo, other_hi in spans[:i])
+        given = (*inputs, *outs)
+        return not any(np.may_share_memory(o, other) for i, o in enumerate(outs, len(inputs))
+                       for other in given[:i])
 
     def _run_in_place(self, inputs: Sequence[Any]) -> Any:
         """Run on NumPy inputs that :meth:`_reads_in_place` accepted; new NumPy results."""

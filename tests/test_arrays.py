@@ -352,6 +352,13 @@ def test_out_arrays_are_written_without_the_general_checks(tmp_path_factory, mon
     assert ex.kernels["grad_weight"](kx, kgo, out=dw) is dw
     np.testing.assert_allclose(dw.reshape(w.shape), want[1], rtol=0,
                                atol=1e-4 * np.abs(want[1]).max())
+    # An out that shares memory with an operand another kernel reads: refused, whichever path.
+    for shared in (x.reshape(-1)[:w.size].reshape(w.shape), go.reshape(-1)[:w.size].reshape(
+            w.shape)):
+        assert ex._plain(go, x, w, (None, shared, None)) is None
+        with pytest.raises(ValueError, match=r"^convolution_backward: out grad_weight shares "
+                                             r"memory with (input|grad_output)"):
+            ex(go, x, w, out=(None, shared, None))
     # A strided out: the general path, which writes it through a copy.
     monkeypatch.setattr(Kernel, "_args", general)
     holder = np.zeros((*w.shape[:-1], 2 * w.shape[-1]), np.float32)

@@ -102,6 +102,7 @@ class ConvolutionBackwardExecutor:
         x = check_array(OP, "input", input, p.input_shape, p.input_dtype, t)
         w = check_array(OP, "weight", weight, p.weight_shape, p.weight_dtype, t)
         outs = _out_triple(out)
+        _refuse_shared_outs(outs, {"grad_output": go, "input": x, "weight": w})
         if p.empty:
             return _zeros(p, go, outs)
 
@@ -125,6 +126,9 @@ class ConvolutionBackwardExecutor:
                 arrays.copy_into(outs[2], grad_bias)
                 grad_bias = outs[2]
         return grad_input, grad_weight, grad_bias
+
+
+_NO_OUT = (None, None, None)
 
 
 def _plain_call(p: ConvolutionBackwardParams, built: dict[str, Kernel]):
@@ -157,11 +161,18 @@ def _plain_call(p: ConvolutionBackwardParams, built: dict[str, Kernel]):
     out_shapes = (p.input_shape, p.weight_shape, (p.grad_output_shape[1],))
     out_dtypes = tuple(arrays.numpy_dtype(d) for d in (
         p.grad_input_dtype, p.grad_weight_dtype, p.grad_bias_dtype))
+    # What the kernels check of their NumPy inputs (Kernel._reads_in_place), checked once here
+    # on the operands themselves: the kernels take the operands' 5-D views as they are.
+    for kernel, takes, _, _ in runs:
+        if kernel._numpy_inputs != tuple((shapes5[i], dtype) for i in takes):
+            return None
+    multiple = max(kernel._address_multiple for kernel, *_ in runs)
+    multiple = multiple if multiple > dtype.itemsize else 0
 
     def call(grad_output: Any, input: Any, weight: Any, out: Any = None):
         given = (grad_output, input, weight)
         if out is None:
-            out = (None, None, None)
+            out = _NO_OUT
         elif type(out) not in (tuple, list) or len(out) != 3:
             return None
         host, host_out = given, tuple(out)
@@ -182,22 +193,29 @@ def _plain_call(p: ConvolutionBackwardParams, built: dict[str, Kernel]):
         for a, shape in zip(host, shapes, strict=True):
             if type(a) is not np.ndarray or a.shape != shape or a.dtype != dtype:
                 return None
-        for o, shape, want in zip(host_out, out_shapes, out_dtypes, strict=True):
-            if o is not None and (type(o) is not np.ndarray or o.shape != shape
-                                  or o.dtype != want or not o.flags.c_contiguous):
+            flags = a.flags
+            if not (flags.c_contiguous and flags.writeable and flags.aligned):
                 return None
-        args = [tuple(host[i].reshape(shapes5[i]) for i in takes) for _, takes, _, _ in runs]
-        if not all(run[0]._reads_in_place(ins) for run, ins in zip(runs, args, strict=True)):
-            return None
-        written = [None if host_out[slot] is None else
-                   host_out[slot].reshape(kernel.outputs[0].shape)
-                   for kernel, _, _, slot in runs]
-        if not all(kernel._writes_in_place((o,), ins)
-                   for (kernel, *_), ins, o in zip(runs, args, written, strict=True)
-                   if o is not None):
-            return None
+            if multiple and a.__array_interface__["data"][0] % multiple:
+                return None
+        written = [None] * len(runs)
+        if out is not _NO_OUT:
+            for o, shape, want in zip(host_out, out_shapes, out_dtypes, strict=True):
+                if o is not None and (type(o) is not np.ndarray or o.shape != shape
+                                      or o.dtype != want or not o.flags.c_contiguous):
+                    return None
+            written = [None if host_out[slot] is None else
+                       host_out[slot].reshape(kernel.outputs[0].shape)
+                       for kernel, _, _, slot in runs]
+            if not all(kernel._writes_in_place((o,), ()) for (kernel, *_), o
+                       in zip(runs, written, strict=True) if o is not None):
+                return None
+            # No out array shares a byte with an operand (a kernel may still read it).
+            if any(o is not None and np.may_share_memory(o, a) for o in host_out for a in host):
+                return None
         found: list[Any] = [None, None, None]
-        for (kernel, _, shape, slot), ins, o in zip(runs, args, written, strict=True):
+        for (kernel, (i, j), shape, slot), o in zip(runs, written, strict=True):
+            ins = (host[i].reshape(shapes5[i]), host[j].reshape(shapes5[j]))
             if o is None:
                 found[slot] = kernel._run_in_place(ins).reshape(shape)
             else:
@@ -232,6 +250,20 @@ def _zeros(p: ConvolutionBackwardParams, like: Any, outs: tuple) -> tuple[Any, A
             check_array(OP, f"out {name}", out, shape, dtype)
         found.append(arrays.zeros(like, shape, dtype, out))
     return tuple(found)
+
+
+def _refuse_shared_outs(outs: tuple, inputs: dict[str, Any]) -> None:
+    """``ValueError`` where an ``out`` array may share bytes with an input: one kernel would
+    write what another (or itself) still reads."""
+    views = {name: arrays.view_of(a) for name, a in inputs.items()}
+    for name, o in zip(("grad_input", "grad_weight", "grad_bias"), outs, strict=True):
+        if o is None or not (isinstance(o, np.ndarray) or hasattr(o, "__dlpack__")):
+            continue  # check_array names a wrong type
+        view = arrays.view_of(o)
+        for input_name, input_view in views.items():
+            if arrays.overlaps(view, input_view):
+                raise ValueError(f"{OP}: out {name} shares memory with {input_name}; the "
+                                 "kernels read the inputs while they write the results")
 
 
 def _out_triple(out: Sequence[Any] | None) -> tuple[Any, Any, Any]:
