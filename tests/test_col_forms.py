@@ -89,6 +89,35 @@ def test_the_positions_run_one_stride_phase_at_a_time(name, phases):
     assert len(unrolled) == phases and all(int(loop.extent) == 2 for loop in unrolled)
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_random_strided_input_gradients_match_reference(seed):
+    """The col input gradient on random strided layers (strides 1-3 per axis, extents that the
+    stride divides or not, padding, dilation, a batch): one stride phase at a time where the
+    stride divides the axis, against NumPy under the bounds proof, a random vector width."""
+    rng = np.random.default_rng(300 + seed)
+    while True:
+        stride = tuple(int(s) for s in rng.integers(1, 4, 3))
+        kernel = tuple(int(k) for k in rng.integers(1, 4, 3))
+        dil = tuple(int(d) if k > 1 else 1 for d, k in zip(rng.integers(1, 3, 3), kernel,
+                                                               strict=True))
+        pad = tuple(int(rng.integers(0, k)) for k in kernel)
+        spatial = tuple(int(s) * int(rng.integers(1, 4)) + int(rng.integers(0, 2)) + 2
+                        for s in stride)
+        conv = conv3d(int(rng.integers(1, 3)), 16, spatial, int(rng.choice([8, 24])), kernel,
+                      stride=stride, pad=pad, dil=dil)
+        if min(conv.out_spatial) >= 1 and kernels.input_col_applies(conv):
+            break
+    rng_data = np.random.default_rng(seed)
+    x = rng_data.standard_normal(conv.x_shape).astype(np.float32)
+    w = rng_data.standard_normal(conv.w_shape).astype(np.float32)
+    dy = rng_data.standard_normal(conv.y_shape).astype(np.float32)
+    dx_want, _ = _gradients(conv, x, w, dy)
+    dx = run_form(kernels.grad_input_col(conv, kernels.Precision("float32", "float32")),
+                  HEURISTIC_LANES[seed % 2], (dy, w))
+    np.testing.assert_allclose(dx, dx_want, rtol=0, atol=RTOL["float32"] * np.abs(dx_want).max(),
+                               err_msg=str(conv))
+
+
 def test_the_tile_fits_the_registers():
     """Accumulators, the vectors of a row and one broadcast: 6 x 4 in 32 registers, 6 x 2 in
     16 (12 + 2 + 1); divisors of both extents."""
