@@ -369,6 +369,39 @@ def test_out_arrays_are_written_without_the_general_checks(tmp_path_factory, mon
     assert not holder[..., 1::2].any()
 
 
+def test_a_torch_operand_no_kernel_reads_is_checked_as_a_tensor(tmp_path_factory,
+                                                                  monkeypatch):
+    """A weight-gradient-only call on CPU tensors hands grad_output and input to NumPy and
+    checks the weight (which no kernel reads) as a tensor: a transposed view of it still takes
+    the plain path; a weight of the wrong dtype or shape falls to the general path, which
+    names it."""
+    from tbe_like.cache import KernelCache
+
+    rng = np.random.default_rng(7)
+    go = rng.standard_normal((1, 8, 3, 4, 5)).astype(np.float32)
+    x = rng.standard_normal((1, 4, 3, 6, 7)).astype(np.float32)
+    w = rng.standard_normal((8, 4, 1, 3, 3)).astype(np.float32)
+    conv = dict(stride=1, padding=0, dilation=1)
+    mask = (False, True, False)
+    ex = ops.prepare_convolution_backward(
+        go, x, w, bias_sizes=None, output_mask=mask, transposed=False, output_padding=0,
+        groups=1, cache=KernelCache(tmp_path_factory.getbasetemp() / "arrays_cache"), **conv)
+    want = ref.convolution_backward(go, x, w, transposed=False, output_padding=0, groups=1,
+                                    output_mask=mask, **conv)[1]
+    tw = torch.from_numpy(np.ascontiguousarray(w.swapaxes(3, 4))).transpose(3, 4)
+    general = Kernel._args
+    monkeypatch.setattr(Kernel, "_args", lambda *a: pytest.fail("took the general path"))
+    got = ex(torch.from_numpy(go), torch.from_numpy(x), tw)[1]
+    assert isinstance(got, torch.Tensor)
+    np.testing.assert_allclose(got.numpy(), want, rtol=0, atol=1e-4 * np.abs(want).max())
+    monkeypatch.setattr(Kernel, "_args", general)
+    for bad, match in ((tw.double(), "weight must have shape .* dtype float32"),
+                       (tw[:4], r"weight must have shape \(8, 4, 1, 3, 3\)")):
+        assert ex._plain(torch.from_numpy(go), torch.from_numpy(x), bad) is None
+        with pytest.raises(ValueError, match=f"^convolution_backward: {match}"):
+            ex(torch.from_numpy(go), torch.from_numpy(x), bad)
+
+
 def test_the_plain_path_refuses_what_the_kernel_cannot_read_in_place(kernel, data):
     """``Kernel._reads_in_place``: a kernel that assumes 64-byte addresses takes an aligned
     array as it is and a misaligned one through the general path (which copies it)."""

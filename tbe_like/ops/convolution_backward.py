@@ -169,28 +169,46 @@ def _plain_call(p: ConvolutionBackwardParams, built: dict[str, Kernel]):
     multiple = max(kernel._address_multiple for kernel, *_ in runs)
     multiple = multiple if multiple > dtype.itemsize else 0
 
+    # The operands a kernel (or grad_bias's sum) reads: a torch call hands only those to NumPy.
+    read = sorted({i for _, takes, _, _ in runs for i in takes} | ({0} if bias_axes else set()))
+    torch_dtype = []  # torch's dtype of the operands, found on the first torch call
+
     def call(grad_output: Any, input: Any, weight: Any, out: Any = None):
         given = (grad_output, input, weight)
         if out is None:
             out = _NO_OUT
         elif type(out) not in (tuple, list) or len(out) != 3:
             return None
-        host, host_out = given, tuple(out)
-        if type(grad_output) is not np.ndarray:
+        host, host_out, from_torch = given, tuple(out), type(grad_output) is not np.ndarray
+        if from_torch:
             # CPU torch tensors: their NumPy views (no copy), the results wrapped back. Only
             # when PyTorch is imported (what else could have made a tensor), only plain tensors
             # (not a subclass such as torch.compile's fake tensors) in the CPU's memory; an
-            # ``out`` tensor that requires grad is the general path's to refuse.
+            # ``out`` tensor that requires grad is the general path's to refuse. An operand no
+            # kernel reads is checked as a tensor (its NumPy view costs a microsecond).
             torch = sys.modules.get("torch")
-            if torch is None or any(type(a) is not torch.Tensor or a.device.type != "cpu"
-                                    for a in given):
+            if torch is None:
                 return None
-            if any(o is not None and (type(o) is not torch.Tensor or o.device.type != "cpu"
-                                      or o.requires_grad) for o in out):
-                return None
-            host = tuple((a.detach() if a.requires_grad else a).numpy() for a in given)
-            host_out = tuple(None if o is None else o.numpy() for o in out)
+            if not torch_dtype:
+                torch_dtype.append(getattr(torch, p.dtype))
+            for a in given:
+                if type(a) is not torch.Tensor or not a.is_cpu:
+                    return None
+            if out is not _NO_OUT:
+                for o in out:
+                    if o is not None and (type(o) is not torch.Tensor or not o.is_cpu
+                                          or o.requires_grad):
+                        return None
+                host_out = tuple(None if o is None else o.numpy() for o in out)
+            host = [None, None, None]
+            for i, a in enumerate(given):
+                if i in read:
+                    host[i] = (a.detach() if a.requires_grad else a).numpy()
+                elif a.shape != shapes[i] or a.dtype != torch_dtype[0]:
+                    return None
         for a, shape in zip(host, shapes, strict=True):
+            if a is None:  # a tensor no kernel reads, checked above
+                continue
             if type(a) is not np.ndarray or a.shape != shape or a.dtype != dtype:
                 return None
             flags = a.flags
@@ -211,7 +229,10 @@ def _plain_call(p: ConvolutionBackwardParams, built: dict[str, Kernel]):
                        in zip(runs, written, strict=True) if o is not None):
                 return None
             # No out array shares a byte with an operand (a kernel may still read it).
-            if any(o is not None and np.may_share_memory(o, a) for o in host_out for a in host):
+            operands = [a if a is not None else b.detach().numpy()
+                        for a, b in zip(host, given, strict=True)]
+            if any(o is not None and np.may_share_memory(o, a)
+                   for o in host_out for a in operands):
                 return None
         found: list[Any] = [None, None, None]
         for (kernel, (i, j), shape, slot), o in zip(runs, written, strict=True):
@@ -226,7 +247,7 @@ def _plain_call(p: ConvolutionBackwardParams, built: dict[str, Kernel]):
             if host_out[2] is not None:
                 np.copyto(host_out[2], found[2])
                 found[2] = out[2]
-        if host is not given:
+        if from_torch:
             found = [r if r is None or r is o else torch.from_numpy(r)
                      for r, o in zip(found, out, strict=True)]
         return tuple(found)
