@@ -269,6 +269,25 @@ def test_operator_out_is_written_in_place(tmp_path_factory):
                                                 None), **kw)
 
 
+def _small_layer(tmp_path_factory, seed: int, mask=(True, True, True)):
+    """An executor of a small layer (2x4x3x6x7 -> 8 channels, a 1x3x3 filter, bias) prepared
+    for ``mask``, its float32 operands (grad_output, input, weight) and NumPy's gradients."""
+    from tbe_like.cache import KernelCache
+
+    rng = np.random.default_rng(seed)
+    go = rng.standard_normal((2, 8, 3, 4, 5)).astype(np.float32)
+    x = rng.standard_normal((2, 4, 3, 6, 7)).astype(np.float32)
+    w = rng.standard_normal((8, 4, 1, 3, 3)).astype(np.float32)
+    conv = dict(stride=1, padding=0, dilation=1)
+    ex = ops.prepare_convolution_backward(
+        go, x, w, bias_sizes=[8] if mask[2] else None, output_mask=mask, transposed=False,
+        output_padding=0, groups=1,
+        cache=KernelCache(tmp_path_factory.getbasetemp() / "arrays_cache"), **conv)
+    want = ref.convolution_backward(go, x, w, transposed=False, output_padding=0, groups=1,
+                                    output_mask=mask, **conv)
+    return ex, (go, x, w), want
+
+
 @pytest.mark.parametrize("library", ["numpy", "torch", "torch-requires-grad"])
 def test_the_operator_reads_plain_arrays_without_the_general_checks(tmp_path_factory,
                                                                      monkeypatch, library):
@@ -276,19 +295,7 @@ def test_the_operator_reads_plain_arrays_without_the_general_checks(tmp_path_fac
     the kernels (``_plain_call``: a 1x1x1 layer's call took 25-40 us on the general path, its
     kernel 1-13 us), read in place, with results of the inputs' library equal to the
     reference's; anything else (a transposed view, a wrong dtype) takes the general path."""
-    from tbe_like.cache import KernelCache
-
-    rng = np.random.default_rng(5)
-    go = rng.standard_normal((2, 8, 3, 4, 5)).astype(np.float32)
-    x = rng.standard_normal((2, 4, 3, 6, 7)).astype(np.float32)
-    w = rng.standard_normal((8, 4, 1, 3, 3)).astype(np.float32)
-    conv = dict(stride=1, padding=0, dilation=1)
-    ex = ops.prepare_convolution_backward(
-        go, x, w, bias_sizes=[8], output_mask=(True, True, True), transposed=False,
-        output_padding=0, groups=1,
-        cache=KernelCache(tmp_path_factory.getbasetemp() / "arrays_cache"), **conv)
-    want = ref.convolution_backward(go, x, w, transposed=False, output_padding=0, groups=1,
-                                    output_mask=(True, True, True), **conv)
+    ex, (go, x, w), want = _small_layer(tmp_path_factory, 5)
     args = (go, x, w)
     if library != "numpy":
         args = tuple(torch.from_numpy(a) for a in args)
@@ -321,19 +328,7 @@ def test_out_arrays_are_written_without_the_general_checks(tmp_path_factory, mon
     byte shared with an input) are handed to the kernels as they are, on the plain path (the
     general path's checks cost 30-40 us a call); the call returns them, filled with the
     reference's values. A non-contiguous ``out`` takes the general path (through a copy)."""
-    from tbe_like.cache import KernelCache
-
-    rng = np.random.default_rng(6)
-    go = rng.standard_normal((2, 8, 3, 4, 5)).astype(np.float32)
-    x = rng.standard_normal((2, 4, 3, 6, 7)).astype(np.float32)
-    w = rng.standard_normal((8, 4, 1, 3, 3)).astype(np.float32)
-    conv = dict(stride=1, padding=0, dilation=1)
-    ex = ops.prepare_convolution_backward(
-        go, x, w, bias_sizes=[8], output_mask=(True, True, True), transposed=False,
-        output_padding=0, groups=1,
-        cache=KernelCache(tmp_path_factory.getbasetemp() / "arrays_cache"), **conv)
-    want = ref.convolution_backward(go, x, w, transposed=False, output_padding=0, groups=1,
-                                    output_mask=(True, True, True), **conv)
+    ex, (go, x, w), want = _small_layer(tmp_path_factory, 6)
     args = (go, x, w)
     out = tuple(np.full(a.shape, np.nan, np.float32) for a in (x, w, want[2]))
     if library == "torch":
@@ -375,19 +370,8 @@ def test_a_torch_operand_no_kernel_reads_is_checked_as_a_tensor(tmp_path_factory
     checks the weight (which no kernel reads) as a tensor: a transposed view of it still takes
     the plain path; a weight of the wrong dtype or shape falls to the general path, which
     names it."""
-    from tbe_like.cache import KernelCache
-
-    rng = np.random.default_rng(7)
-    go = rng.standard_normal((1, 8, 3, 4, 5)).astype(np.float32)
-    x = rng.standard_normal((1, 4, 3, 6, 7)).astype(np.float32)
-    w = rng.standard_normal((8, 4, 1, 3, 3)).astype(np.float32)
-    conv = dict(stride=1, padding=0, dilation=1)
-    mask = (False, True, False)
-    ex = ops.prepare_convolution_backward(
-        go, x, w, bias_sizes=None, output_mask=mask, transposed=False, output_padding=0,
-        groups=1, cache=KernelCache(tmp_path_factory.getbasetemp() / "arrays_cache"), **conv)
-    want = ref.convolution_backward(go, x, w, transposed=False, output_padding=0, groups=1,
-                                    output_mask=mask, **conv)[1]
+    ex, (go, x, w), want = _small_layer(tmp_path_factory, 7, (False, True, False))
+    want = want[1]
     tw = torch.from_numpy(np.ascontiguousarray(w.swapaxes(3, 4))).transpose(3, 4)
     general = Kernel._args
     monkeypatch.setattr(Kernel, "_args", lambda *a: pytest.fail("took the general path"))
