@@ -203,6 +203,29 @@ def test_the_operator_races_them_and_computes_the_same(mask, measuring):
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
 
 
+def test_a_strided_pointwise_layer_races_both_col_forms(measuring):
+    """A stride-(1, 2, 2) pointwise layer of 2 x 2 x 16 x 17 positions (past both col forms'
+    old limits, 256 and 1024) through ``convolution_backward`` from an empty cache: both
+    gradients' selections timed a col form, and whichever won, the gradients equal NumPy's."""
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal((2, 32, 2, 32, 33)).astype(np.float32)
+    w = rng.standard_normal((24, 32, 1, 1, 1)).astype(np.float32)
+    dy = rng.standard_normal((2, 24, 2, 16, 17)).astype(np.float32)
+    kw = dict(bias_sizes=None, stride=(1, 2, 2), padding=0, dilation=1, transposed=False,
+              output_padding=0, groups=1, output_mask=(True, True, False))
+    executor = ops.prepare_convolution_backward(dy, x, w, **kw)
+    for name in ("grad_input", "grad_weight"):
+        times = executor.kernels[name].metadata["para_dict"]["selection"]["times_ms"]
+        assert any(n.startswith("col: ") for n in times), (name, times)
+    dx, dw, _ = executor(dy, x, w)
+    dx_want, dw_want, _ = ref.convolution_backward(
+        dy.astype(np.float64), x.astype(np.float64), w.astype(np.float64), stride=[1, 2, 2],
+        padding=[0] * 3, dilation=[1] * 3, transposed=False, output_padding=[0] * 3, groups=1,
+        output_mask=(True, True, False))
+    np.testing.assert_allclose(dx, dx_want, rtol=0, atol=2e-5 * np.abs(dx_want).max())
+    np.testing.assert_allclose(dw, dw_want, rtol=0, atol=2e-5 * np.abs(dw_want).max())
+
+
 def _col_kernel(graph, lanes) -> Kernel:
     """A col form's graph scheduled for ``lanes``, compiled (bounds proof, one element of
     alignment assumed, as the operators' kernels) as a ``Kernel`` that NumPy arrays are handed
