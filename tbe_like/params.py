@@ -402,8 +402,8 @@ class ColInputParams:
     cout: int
     columns: int
     positions: int
-    in_spatial: tuple[int, int, int] = (1, 1, 1)
-    strides: tuple[int, int, int] = (1, 1, 1)
+    in_spatial: tuple[int, int, int]
+    strides: tuple[int, int, int]
 
 
 # The framework operators' input gradient of a layer of few input channels, one stride phase of

@@ -647,7 +647,6 @@ def measured_schedule(func, schedule_with: Callable[[Any, Any], Any], candidates
     """
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
-
     start = time.perf_counter()
     options = _options((Form("", func, schedule_with, candidates), *alternatives))
     if len(options) == 1:

@@ -129,6 +129,14 @@ class ConvolutionBackwardExecutor:
 
 
 _NO_OUT = (None, None, None)
+# The operator's results, in order.
+_RESULTS = ("grad_input", "grad_weight", "grad_bias")
+
+
+def _result_specs(p: ConvolutionBackwardParams) -> tuple[tuple, tuple]:
+    """The shapes and dtype names of (grad_input, grad_weight, grad_bias)."""
+    return ((p.input_shape, p.weight_shape, (p.grad_output_shape[1],)),
+            (p.grad_input_dtype, p.grad_weight_dtype, p.grad_bias_dtype))
 
 
 def _plain_call(p: ConvolutionBackwardParams, built: dict[str, Kernel]):
@@ -158,9 +166,8 @@ def _plain_call(p: ConvolutionBackwardParams, built: dict[str, Kernel]):
         takes = (0, 2) if name == "grad_input" else ((0, 1) if p.transposed else (1, 0))
         runs.append((kernel, takes, (p.input_shape, p.weight_shape)[slot], slot))
     bias_axes = (0, *range(2, len(p.grad_output_shape))) if p.output_mask[2] else None
-    out_shapes = (p.input_shape, p.weight_shape, (p.grad_output_shape[1],))
-    out_dtypes = tuple(arrays.numpy_dtype(d) for d in (
-        p.grad_input_dtype, p.grad_weight_dtype, p.grad_bias_dtype))
+    out_shapes, out_dtypes = _result_specs(p)
+    out_dtypes = tuple(map(arrays.numpy_dtype, out_dtypes))
     # What the kernels check of their NumPy inputs (Kernel._reads_in_place), checked once here
     # on the operands themselves: the kernels take the operands' 5-D views as they are.
     for kernel, takes, _, _ in runs:
@@ -170,8 +177,7 @@ def _plain_call(p: ConvolutionBackwardParams, built: dict[str, Kernel]):
     multiple = multiple if multiple > dtype.itemsize else 0
 
     # The operands a kernel (or grad_bias's sum) reads: a torch call hands only those to NumPy.
-    read = sorted({i for _, takes, _, _ in runs for i in takes} | ({0} if bias_axes else set()))
-    torch_dtype = []  # torch's dtype of the operands, found on the first torch call
+    read = {i for _, takes, _, _ in runs for i in takes} | ({0} if bias_axes else set())
 
     def call(grad_output: Any, input: Any, weight: Any, out: Any = None):
         given = (grad_output, input, weight)
@@ -189,8 +195,6 @@ def _plain_call(p: ConvolutionBackwardParams, built: dict[str, Kernel]):
             torch = sys.modules.get("torch")
             if torch is None:
                 return None
-            if not torch_dtype:
-                torch_dtype.append(getattr(torch, p.dtype))
             for a in given:
                 if type(a) is not torch.Tensor or not a.is_cpu:
                     return None
@@ -204,7 +208,7 @@ def _plain_call(p: ConvolutionBackwardParams, built: dict[str, Kernel]):
             for i, a in enumerate(given):
                 if i in read:
                     host[i] = (a.detach() if a.requires_grad else a).numpy()
-                elif a.shape != shapes[i] or a.dtype != torch_dtype[0]:
+                elif a.shape != shapes[i] or a.dtype != getattr(torch, p.dtype):
                     return None
         for a, shape in zip(host, shapes, strict=True):
             if a is None:  # a tensor no kernel reads, checked above
@@ -258,11 +262,9 @@ def _plain_call(p: ConvolutionBackwardParams, built: dict[str, Kernel]):
 def _zeros(p: ConvolutionBackwardParams, like: Any, outs: tuple) -> tuple[Any, Any, Any]:
     """The gradients of an empty input (N or C is 0), as ``aten.convolution_backward`` gives
     them: zeros, grad_bias too (also when C is 0 and grad_output is not: PyTorch's result)."""
-    shapes = (p.input_shape, p.weight_shape, (p.grad_output_shape[1],))
-    dtypes = (p.grad_input_dtype, p.grad_weight_dtype, p.grad_bias_dtype)
-    names = ("grad_input", "grad_weight", "grad_bias")
+    shapes, dtypes = _result_specs(p)
     found = []
-    for want, shape, dtype, out, name in zip(p.output_mask, shapes, dtypes, outs, names,
+    for want, shape, dtype, out, name in zip(p.output_mask, shapes, dtypes, outs, _RESULTS,
                                              strict=True):
         if not want:
             found.append(None)
@@ -277,7 +279,7 @@ def _refuse_shared_outs(outs: tuple, inputs: dict[str, Any]) -> None:
     """``ValueError`` where an ``out`` array may share bytes with an input: one kernel would
     write what another (or itself) still reads."""
     views = {name: arrays.view_of(a) for name, a in inputs.items()}
-    for name, o in zip(("grad_input", "grad_weight", "grad_bias"), outs, strict=True):
+    for name, o in zip(_RESULTS, outs, strict=True):
         if o is None or not (isinstance(o, np.ndarray) or hasattr(o, "__dlpack__")):
             continue  # check_array names a wrong type
         view = arrays.view_of(o)
