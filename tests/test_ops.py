@@ -299,6 +299,29 @@ def test_prepared_executors_follow_the_records(tmp_path, monkeypatch):
     assert call() == 2
     monkeypatch.setenv("TBE_LIKE_RECORDS", str(tmp_path / "records"))
     assert call() == 4
+    # A variable the builds read, set where it was unset and then changed, prepares again each
+    # time; unset again, the executor prepared for it unset is the one that runs
+    # (``memo.environment`` reads ``os.environ``'s own store on POSIX).
+    import importlib
+
+    module = importlib.import_module("tbe_like.ops.convolution_backward")
+
+    prepared = []
+    real = module.prepare_convolution_backward
+    monkeypatch.setattr(module, "prepare_convolution_backward",
+                        lambda *a, **k: prepared.append(1) or real(*a, **k))
+    for value, again in (("0", 1), ("1", 1), (None, 0)):
+        if value is None:
+            monkeypatch.delenv("TBE_LIKE_WINOGRAD")
+        else:
+            monkeypatch.setenv("TBE_LIKE_WINOGRAD", value)
+        before = len(prepared)
+        call()
+        call()
+        assert len(prepared) == before + again
+    assert memo.environment() == tuple(
+        (os.fsencode(os.environ[name]) if name in os.environ else None)
+        if os.name == "posix" else os.environ.get(name) for name in memo._ENV)
 
 
 def test_executor_runs_many_times_without_compiling(tmp_path):
