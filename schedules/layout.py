@@ -170,19 +170,22 @@ def _unpack_filter(sch, block, c0: int, target) -> None:
 
 
 def _reduce_in_rows(sch, mad, row) -> None:
-    """A pointwise input gradient's reduction (marked ``ROWS_TILE`` by its rule) computed under
-    the result's ``row`` loop: per channel block, tiles of ``ROWS_TILE`` positions of the row
-    times C0 channels (vectorized) sum over the output channels, dy's values broadcast."""
-    tile = int(sch.get(mad).annotations[ROWS_TILE])
+    """A pointwise or temporal input gradient's reduction (marked ``ROWS_TILE`` by its rule)
+    computed under the result's ``row`` loop: per tile of channel blocks and positions of the
+    row (``ROWS_TILE``: positions x blocks x C0 channels, vectorized), the sum over the taps
+    and the output channels in registers, dy's values broadcast."""
+    positions, blocks = (int(v) for v in sch.get(mad).annotations[ROWS_TILE])
     sch.unannotate(mad, ROWS_TILE)
     sch.compute_at(mad, row, preserve_unit_loops=True)  # a loop per iterator, unit or not
     # (n, d, cb, h, w, ci0, co, kd, kh, kw): the reduction's iterators, under the row's loop.
-    _, _, cb, _, w, ci0, co, _, _, _ = sch.get_loops(mad)[-10:]
-    w_o, w_i = sch.split(w, [None, tile])
-    sch.reorder(cb, w_o, co, w_i, ci0)
+    _, _, cb, _, w, ci0, co, kd, kh, kw = sch.get_loops(mad)[-10:]
+    w_o, w_i = sch.split(w, [None, positions])
+    cb_o, cb_i = sch.split(cb, [None, blocks])
+    sch.reorder(cb_o, w_o, kd, kh, kw, co, w_i, cb_i, ci0)
     sch.unroll(w_i)
+    sch.unroll(cb_i)
     sch.vectorize(ci0)
-    init = sch.decompose_reduction(mad, co)
+    init = sch.decompose_reduction(mad, kd)
     sch.vectorize(sch.get_loops(init)[-1])
 
 

@@ -28,7 +28,7 @@ from tbe_like.schedules.common import HEURISTIC_LANES, MAX_VECTOR_LANES, SAMPLE
 from tbe_like.schedules.llvm import conv3d_backprop_filter as dw_rule
 from tbe_like.schedules.llvm import conv3d_backprop_input as dx_rule
 
-from tbe_like import stages
+from tbe_like import lowering, stages
 from tbe_like._tvm import IRModule, s_tir, structural_walk, tirx, tvm
 from tbe_like.bounds import compile_checked
 from tbe_like.ops import kernels
@@ -369,6 +369,101 @@ def test_a_pointwise_input_gradient_is_computed_row_by_row(lanes):
     strided = _graph("grad_input", SHAPES["k111-groups2-stride2"], False)
     assert (structural_hash(scheduled(strided, Heuristic(lanes, rows=True)))
             == structural_hash(scheduled(strided, Heuristic(lanes))))
+
+
+# Temporal layers, whose input gradient races in the dense form row by row
+# (``kernels.temporal_rows_applies``): D padding of 0, 1 or more rows than the taps reach,
+# D dilation, fewer D rows than taps, channels that are not multiples of 16, odd and
+# prime rows, 3 channel blocks (the tile's blocks a divisor of them).
+TEMPORAL = {
+    "k311-pad1-w12-cin24-cout20": conv3d(2, 24, (4, 3, 12), 20, (3, 1, 1), pad=(1, 0, 0)),
+    "k311-pad0-w7-cin40": conv3d(1, 40, (5, 2, 7), 16, (3, 1, 1), pad=0),
+    "k511-pad4-dil2-w5": conv3d(1, 16, (3, 2, 5), 24, (5, 1, 1), pad=(4, 0, 0),
+                                dil=(2, 1, 1)),
+    "k711-pad3-d2-w13": conv3d(1, 8, (2, 3, 13), 12, (7, 1, 1), pad=(3, 0, 0)),
+}
+
+
+@pytest.mark.parametrize("shape", TEMPORAL)
+def test_a_temporal_input_gradient_is_computed_row_by_row(shape):
+    """The dense form of a temporal layer (one reduction over dy padded along D) with the rows
+    candidates of both widths: three parallel stages (dy packed and padded, the flipped
+    filter, the rows), the D taps that read padding skipped outside the register tile, every
+    access in bounds, results equal NumPy's; float16 and bfloat16 too."""
+    conv = TEMPORAL[shape]
+    assert kernels.temporal_rows_applies(conv)
+    graph = kernels.grad_input(conv, F32, dense=True)
+    assert graph.rows_only
+    assert [n for n in stage_names(graph.output) if n.startswith(stages.DX_MAD)] == [
+        stages.DX_MAD]
+    rows = [k for k in kernels.alternative_candidates(graph, TARGET)]
+    assert sorted(k.lanes for k in rows) == sorted(HEURISTIC_LANES)
+    assert all(k.rows for k in rows)
+    arrays = _inputs(graph)
+    want = _expected("grad_input", conv, arrays)
+    for knobs in rows:
+        sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})),
+                               graph, TARGET, knobs)
+        script = sch.mod["main"].script()
+        assert script.count("T.parallel(") == 3, script
+        assert "dx_dy_pad = T.sblock_alloc_buffer" in script
+        assert "dx_res = T.sblock_alloc_buffer" in script  # one row's buffer per task
+        assert lowering.LIVE_ROWS in script
+        skips = []
+        structural_walk(lowering.skip_padding(sch.mod)["main"].body, [
+            (tirx.IfThenElse, skips.append)])
+        assert skips, "the taps reading D padding are not skipped"
+        _check(_run(graph, knobs, arrays), want)
+    for name in ("float16", "bfloat16"):
+        prec = PRECISIONS[name]
+        precision = kernels.Precision.on(TARGET, prec.dtype, prec.compute, prec.hf32)
+        low = kernels.grad_input(conv, precision, dense=True)
+        arrays = _inputs(low)
+        _check(_run(low, rows[-1], arrays),
+               _expected("grad_input", conv, [_round(a, prec) for a in arrays]),
+               _tolerance(prec))
+
+
+def test_the_operator_races_the_temporal_form(measuring):
+    """Through ``convolution_backward`` from an empty cache: the input gradient's selection
+    timed the temporal form's rows candidates beside the stride-phase form's, and whichever
+    won, the gradient equals NumPy's."""
+    from tbe_like import ops
+
+    rng = np.random.default_rng(16)
+    x = rng.standard_normal((2, 40, 4, 3, 7)).astype(np.float32)
+    w = rng.standard_normal((24, 40, 3, 1, 1)).astype(np.float32)
+    dy = rng.standard_normal((2, 24, 4, 3, 7)).astype(np.float32)
+    geometry = dict(stride=[1] * 3, padding=[1, 0, 0], dilation=[1] * 3, transposed=False,
+                    output_padding=[0] * 3, groups=1, output_mask=(True, False, False))
+    executor = ops.prepare_convolution_backward(dy, x, w, bias_sizes=None, **geometry)
+    times = executor.kernels["grad_input"].metadata["para_dict"]["selection"]["times_ms"]
+    temporal = [n for n in times if n.startswith("temporal: ")]
+    # Both widths, and (a small kernel) the row-by-row schedule built for one core.
+    assert len([n for n in temporal if not n.endswith(kernels.ONE_CORE_SUFFIX)]) == len(
+        HEURISTIC_LANES)
+    assert all("rows=True" in n for n in temporal), temporal
+    want = ref.convolution_backward(dy.astype(np.float64), x.astype(np.float64),
+                                    w.astype(np.float64), **geometry)[0]
+    _check(executor(dy, x, w)[0], want)
+
+
+def test_the_rows_tile_blocks_channels_where_a_row_is_narrow():
+    """``rows_tile``: on 7-wide rows one channel block held 7 accumulators; the tile takes 3
+    blocks (of a layer's 9) and all 7 positions: 21 accumulators, 10 loads per 21 multiply-
+    adds; every tile fits its width's accumulators and divides its row and the blocks."""
+    for width, cin in ((7, 144), (28, 144), (12, 24), (5, 16), (13, 8), (7, 1024)):
+        conv = conv3d(1, cin, (4, 2, width), 16, (3, 1, 1), pad=(1, 0, 0))
+        p = kernels.grad_input(conv, F32, dense=True).params
+        blocks = p.geometry.group.cin1_g
+        for lanes in HEURISTIC_LANES:
+            positions, tile_blocks = dx_rule.rows_tile(p, lanes)
+            vectors = max(1, p.geometry.c0 // lanes)
+            assert width % positions == 0 and blocks % tile_blocks == 0
+            assert positions * tile_blocks * vectors <= dx_rule.ACC_REGS[lanes]
+    p = kernels.grad_input(conv3d(1, 144, (4, 2, 7), 16, (3, 1, 1), pad=(1, 0, 0)), F32,
+                           dense=True).params
+    assert dx_rule.rows_tile(p, 16) == (7, 3)
 
 
 def test_a_tile_that_does_not_divide_its_loop_is_refused():

@@ -362,7 +362,8 @@ def _other_forms(graph: kernels.Graph, kind: str, conv: kernels.Conv3d,
     0.8 ms; slower where the filter is tens of MB, hence the race); a pointwise layer's weight
     gradient has that form at any number of positions (X3D-M's 48 -> 216 on 16x28x28: 1.41
     against 2.0-2.5 ms), and so has a strided pointwise layer's input gradient (R(2+1)D's
-    stride-2 shortcut: 0.10 against 0.15 ms)."""
+    stride-2 shortcut: 0.10 against 0.15 ms); a temporal layer's input gradient is also
+    computed row by row in one reduction (``kernels.temporal_rows_applies``)."""
     forms = {}
     if kernels.uses_winograd(graph):
         forms["direct"] = graph_of(kind, conv, prec, transposed, None)
@@ -383,6 +384,8 @@ def _other_forms(graph: kernels.Graph, kind: str, conv: kernels.Conv3d,
             forms["col"] = kernels.grad_input_col(conv, prec)
         if kernels.input_rows_applies(conv):
             forms["rows"] = kernels.grad_input_rows(conv, prec)
+        if kernels.temporal_rows_applies(conv):
+            forms["temporal"] = kernels.grad_input(conv, prec, dense=True)
     return forms
 
 

@@ -157,6 +157,9 @@ class Graph:
     # view of its argument (same elements, another shape: ``bounds.prim_func``); None: the
     # tensors' own.
     arg_shapes: tuple | None = None
+    # A form that measured selection schedules row by row only (``Heuristic(rows=True)``): the
+    # temporal input gradient's dense form (:func:`temporal_rows_applies`).
+    rows_only: bool = False
 
     def shapes(self) -> list[tuple[int, ...]]:
         """The shapes of the kernel's arguments: the inputs, then the output."""
@@ -203,8 +206,12 @@ def uses_winograd(graph: Graph) -> bool:
 
 
 def grad_input(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "grad_input"),
-               winograd: bool | int = False) -> Graph:
-    """dX of ``conv``: ``(dy (N, cout, ...), W (cout, cin/g, k...)) -> (N, cin, ...)``."""
+               winograd: bool | int = False, dense: bool = False) -> Graph:
+    """dX of ``conv``: ``(dy (N, cout, ...), W (cout, cin/g, k...)) -> (N, cin, ...)``.
+
+    ``dense``: one reduction over dy padded whole (``stride_phases=False`` of the compute; its
+    D border rows are not reductions of their own), the form a temporal layer's input gradient
+    is computed in row by row (:func:`temporal_rows_applies`); no Winograd."""
     dy = _placeholder(conv.y_shape, names[0], prec.dtype)
     w = _placeholder(conv.w_shape, names[1], prec.dtype)
     convert, cd = prec.convert(), prec.core_dtype
@@ -218,10 +225,25 @@ def grad_input(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "g
         _geometry(conv, group, conv.batch, conv.in_spatial, conv.out_spatial),
         tuple(int(s) for s in w6.shape), tuple(int(s) for s in dy6.shape),
         (conv.batch, *conv.in_spatial, conv.cin), cd, ACC_DTYPE, names[2], None, None, {})
-    res = compute.conv3d_backprop_input(w6, dy6, p, winograd=winograd)
+    winograd = False if dense else winograd
+    res = compute.conv3d_backprop_input(w6, dy6, p, winograd=winograd, stride_phases=not dense)
     out = lt.unpack_6hd(res, conv.cin, conv.in_spatial[2], prec.dtype, names[2])
     return Graph(INPUT_OP, p, [dy, w], out, ["NCDHW", "NCDHW", "NCDHW"],
-                 result_periods(p, winograd), flops)
+                 result_periods(p, winograd), flops, rows_only=dense)
+
+
+def temporal_rows_applies(conv: Conv3d) -> bool:
+    """Whether a temporal layer's input gradient also races in the dense form row by row
+    (``grad_input(dense=True)``, ``Heuristic(rows=True)``): a (kd, 1, 1) kernel of kd > 1,
+    stride 1, no H or W padding, one group. Per row of dX (n, d, h) each tap is a GEMM of the
+    filter and a row of dy; the row's channel blocks are summed in registers over every tap
+    and output channel, then written out as NCDHW rows while in cache. The stride-phase form
+    computed the D border rows as reductions of their own, each into a packed buffer that
+    another pass unpacked: R(2+1)D's 144 -> 64 (3,1,1) layer on 8x28x28 1.77 -> 1.59 ms, a
+    1024 -> 256 one on 4x7x7 1.66 -> 1.37 (Zen 4)."""
+    return (conv.kernel[0] > 1 and tuple(conv.kernel[1:]) == (1, 1)
+            and tuple(conv.strides) == (1, 1, 1) and not any(conv.pads[2:])
+            and conv.groups == 1)
 
 
 def forward(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "grad_input"),
@@ -1077,6 +1099,8 @@ def alternative_candidates(graph: Graph, target: Target) -> list:
     if graph.op in (FILTER_DOT_OP, FILTER_OUTER_OP, FILTER_COL_OP, INPUT_COL_OP,
                     *ROWS_OPS):  # both widths
         return candidates(graph.op, target)
+    if graph.rows_only:  # both widths, row by row
+        return [k for k in candidates(graph.op, target) if getattr(k, "rows", None)]
     return [None, *(k for k in candidates(graph.op, target) if getattr(k, "gemm", None))]
 
 
@@ -1092,9 +1116,19 @@ def selection_forms(graph: Graph, target: Target,
     def scheduler(g: Graph):
         return lambda s, knobs: schedule(s, g, target, knobs)
 
-    # A small kernel's forms race on one core too, each with its rule's default.
+    # A small kernel's forms race on one core too, each with its rule's default (a form made
+    # row by row only: its row-by-row schedule).
     one = [OneCore()] if one_core_races(graph, target) else []
-    forms = [Form(name, prim_func(g), scheduler(g), alternative_candidates(g, target) + one)
+
+    def one_of(g: Graph) -> list:
+        if not one or not g.rows_only:
+            return one
+        from ..schedules.common import Heuristic
+        from ..target import vector_lanes
+
+        return [OneCore(Heuristic(vector_lanes(target), rows=True))]
+
+    forms = [Form(name, prim_func(g), scheduler(g), alternative_candidates(g, target) + one_of(g))
              for name, g in (alternatives or {}).items()]
     own = candidates(graph.op, target)
     if any(g.op in ROWS_OPS for g in (alternatives or {}).values()):
