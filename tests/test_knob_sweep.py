@@ -397,7 +397,9 @@ def test_a_temporal_input_gradient_is_computed_row_by_row(shape):
     assert [n for n in stage_names(graph.output) if n.startswith(stages.DX_MAD)] == [
         stages.DX_MAD]
     rows = [k for k in kernels.alternative_candidates(graph, TARGET)]
-    assert sorted(k.lanes for k in rows) == sorted(HEURISTIC_LANES)
+    # Both widths' tiles of positions, and AVX-512's tile of positions x channel blocks.
+    assert sorted((k.lanes, bool(k.gemm)) for k in rows) == sorted(
+        [*((lanes, False) for lanes in HEURISTIC_LANES), (16, True)])
     assert all(k.rows for k in rows)
     arrays = _inputs(graph)
     want = _expected("grad_input", conv, arrays)
@@ -439,31 +441,36 @@ def test_the_operator_races_the_temporal_form(measuring):
     executor = ops.prepare_convolution_backward(dy, x, w, bias_sizes=None, **geometry)
     times = executor.kernels["grad_input"].metadata["para_dict"]["selection"]["times_ms"]
     temporal = [n for n in times if n.startswith("temporal: ")]
-    # Both widths, and (a small kernel) the row-by-row schedule built for one core.
+    # Both widths, the blocked tile where it differs (40 channels: 3 blocks), and (a small
+    # kernel) the row-by-row schedule built for one core.
     assert len([n for n in temporal if not n.endswith(kernels.ONE_CORE_SUFFIX)]) == len(
-        HEURISTIC_LANES)
+        HEURISTIC_LANES) + 1
     assert all("rows=True" in n for n in temporal), temporal
     want = ref.convolution_backward(dy.astype(np.float64), x.astype(np.float64),
                                     w.astype(np.float64), **geometry)[0]
     _check(executor(dy, x, w)[0], want)
 
 
-def test_the_rows_tile_blocks_channels_where_a_row_is_narrow():
-    """``rows_tile``: on 7-wide rows one channel block held 7 accumulators; the tile takes 3
-    blocks (of a layer's 9) and all 7 positions: 21 accumulators, 10 loads per 21 multiply-
-    adds; every tile fits its width's accumulators and divides its row and the blocks."""
-    for width, cin in ((7, 144), (28, 144), (12, 24), (5, 16), (13, 8), (7, 1024)):
+def test_the_rows_tiles_fit_and_divide():
+    """``rows_tile``: unblocked, one channel block and the most positions that fit; blocked, on
+    7-wide rows 3 blocks (of a layer's 9) and all 7 positions: 21 accumulators, 10 loads per
+    21 multiply-adds. Every tile fits its width's accumulators and divides its row and the
+    blocks."""
+    for width, cin in ((7, 144), (28, 144), (12, 24), (5, 16), (13, 8), (7, 1024), (14, 96)):
         conv = conv3d(1, cin, (4, 2, width), 16, (3, 1, 1), pad=(1, 0, 0))
         p = kernels.grad_input(conv, F32, dense=True).params
         blocks = p.geometry.group.cin1_g
         for lanes in HEURISTIC_LANES:
-            positions, tile_blocks = dx_rule.rows_tile(p, lanes)
-            vectors = max(1, p.geometry.c0 // lanes)
-            assert width % positions == 0 and blocks % tile_blocks == 0
-            assert positions * tile_blocks * vectors <= dx_rule.ACC_REGS[lanes]
+            for blocked in (False, True):
+                positions, tile_blocks = dx_rule.rows_tile(p, lanes, blocked=blocked)
+                vectors = max(1, p.geometry.c0 // lanes)
+                assert width % positions == 0 and blocks % tile_blocks == 0
+                assert positions * tile_blocks * vectors <= dx_rule.ACC_REGS[lanes]
+                assert blocked or tile_blocks == 1
     p = kernels.grad_input(conv3d(1, 144, (4, 2, 7), 16, (3, 1, 1), pad=(1, 0, 0)), F32,
                            dense=True).params
-    assert dx_rule.rows_tile(p, 16) == (7, 3)
+    assert dx_rule.rows_tile(p, 16, blocked=True) == (7, 3)
+    assert dx_rule.rows_tile(p, 16) == (7, 1)
 
 
 def test_a_tile_that_does_not_divide_its_loop_is_refused():

@@ -283,20 +283,28 @@ def _rows_apply(p: BackpropInputParams, names: list[str]) -> bool:
             and any(n.startswith(stages.LAYOUT_OUT_NCDHW) for n in names))
 
 
-def rows_tile(p: BackpropInputParams, lanes: int, accumulators: int | None = None
-              ) -> tuple[int, int]:
-    """The register tile of a reduction computed row by row: ``positions`` of the row (a
-    divisor of W: no predicated tail) times ``blocks`` input-channel blocks (a divisor of
-    them, at most ``GEMM_BLOCKS``), the fewest loads per multiply-add that fits the
-    accumulators (per output channel and tap: ``positions`` broadcasts of dy and ``blocks``
-    filter vectors per C0 block); ties: more accumulators, then more positions. On 7-wide
-    rows one block held 7 accumulators: a 1024 -> 256 temporal layer took 1.97 ms with it,
-    1.37 with 7 x 3 blocks (Zen 4); on 28-wide rows the two tiles tied."""
+def rows_tile(p: BackpropInputParams, lanes: int, accumulators: int | None = None,
+              blocked: bool = False) -> tuple[int, int]:
+    """The register tile of a reduction computed row by row, ``(positions, blocks)``:
+    ``positions`` of the row (a divisor of W: no predicated tail) times ``blocks``
+    input-channel blocks. Unblocked, one block and the most positions that fit the
+    accumulators: each filter vector feeds the whole tile, and a block's filter slice (taps x
+    output channels x C0) is what a row's tiles stream. ``blocked``, also a divisor of the
+    blocks (at most ``GEMM_BLOCKS``): the fewest loads per multiply-add (per output channel
+    and tap: ``positions`` broadcasts of dy and ``blocks`` filter vectors per C0 block), ties
+    to more accumulators, then more positions; its filter slice is ``blocks`` times larger.
+    Neither wins everywhere (Zen 4): on 7-wide rows one block held 7 accumulators, and a 1024
+    -> 256 temporal layer took 1.97 ms with it, 1.37 with 7 x 3 blocks; X3D's 96 -> 216
+    pointwise layer on 14-wide rows took 1.04 ms with 14 x 1 and 1.50 with 7 x 3 (its 41 KB
+    filter slice no longer in L1). Measured selection times both."""
     vectors = max(1, p.geometry.c0 // lanes)
     budget = accumulators or ACC_REGS.get(lanes, 8)
+    width = p.geometry.in_spatial[2]
+    if not blocked:
+        return _fit(width, max(1, budget // vectors)), 1
     options = [((blocks * vectors + cols) / (cols * blocks * vectors), -cols * blocks, -cols,
                 cols, blocks)
-               for cols in divisors(p.geometry.in_spatial[2])
+               for cols in divisors(width)
                for blocks in divisors(p.geometry.group.cin1_g)
                if blocks <= GEMM_BLOCKS and cols * blocks * vectors <= budget]
     *_, cols, blocks = min(options, default=(0, 0, 0, 1, 1))
@@ -324,18 +332,21 @@ def _schedule_rows(sch, p: BackpropInputParams, knobs: Heuristic, target):
     else:
         sch.compute_inline(sch.get_sblock(stages.DX_DY_PAD))
     _schedule_filter(sch, stages.DX_FILTER_FLIP, p, target)
-    sch.annotate(mad, ROWS_TILE, list(rows_tile(p, knobs.lanes, knobs.accumulators)))
+    sch.annotate(mad, ROWS_TILE, list(rows_tile(p, knobs.lanes, knobs.accumulators,
+                                                 blocked=bool(knobs.gemm))))
     return sch
 
 
 def candidates(target) -> list[Heuristic]:
     """What measured selection times: the tiles for either vector width, AVX-512's with at
-    most 8 accumulators, AVX-512's GEMM tile (:func:`gemm_knobs`), and a pointwise layer's
-    result row by row for either width (:func:`_rows_apply`; the same schedule as the
-    default's where it does not apply, which selection compiles once)."""
+    most 8 accumulators, AVX-512's GEMM tile (:func:`gemm_knobs`), and a pointwise or temporal
+    layer's result row by row for either width and with AVX-512's channel-blocked tile
+    (:func:`_rows_apply`, :func:`rows_tile`; where that does not apply, the same schedule as
+    the default's or the GEMM tile's, which selection compiles once)."""
     del target
     return [*(Heuristic(lanes) for lanes in HEURISTIC_LANES), Heuristic(16, accumulators=8),
-            Heuristic(16, gemm=True), *(Heuristic(lanes, rows=True) for lanes in HEURISTIC_LANES)]
+            Heuristic(16, gemm=True), *(Heuristic(lanes, rows=True) for lanes in HEURISTIC_LANES),
+            Heuristic(16, gemm=True, rows=True)]
 
 
 @register(INPUT_OP, "llvm", candidates=candidates)
