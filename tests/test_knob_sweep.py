@@ -407,15 +407,18 @@ def test_a_temporal_input_gradient_is_computed_row_by_row(shape):
         sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})),
                                graph, TARGET, knobs)
         script = sch.mod["main"].script()
+        assert "dx_res = T.sblock_alloc_buffer" in script  # one row's buffer per task
         assert script.count("T.parallel(") == 3, script
         assert "dx_dy_pad = T.sblock_alloc_buffer" in script
-        assert "dx_res = T.sblock_alloc_buffer" in script  # one row's buffer per task
         assert lowering.LIVE_ROWS in script
         skips = []
         structural_walk(lowering.skip_padding(sch.mod)["main"].body, [
             (tirx.IfThenElse, skips.append)])
         assert skips, "the taps reading D padding are not skipped"
         _check(_run(graph, knobs, arrays), want)
+    phased = kernels.grad_input(conv, F32)  # its rows candidates, whatever they apply to
+    for knobs in rows:
+        _check(_run(phased, knobs, arrays), want)
     for name in ("float16", "bfloat16"):
         prec = PRECISIONS[name]
         precision = kernels.Precision.on(TARGET, prec.dtype, prec.compute, prec.hf32)
@@ -449,6 +452,17 @@ def test_the_operator_races_the_temporal_form(measuring):
     want = ref.convolution_backward(dy.astype(np.float64), x.astype(np.float64),
                                     w.astype(np.float64), **geometry)[0]
     _check(executor(dy, x, w)[0], want)
+
+
+def test_a_one_frame_temporal_layer_is_pointwise():
+    """On one frame only the centre tap of a (3, 1, 1) kernel is live: no dense form races (the
+    kernel's own form is a pointwise input gradient, whose rows candidates apply)."""
+    conv = conv3d(2, 24, (1, 3, 5), 16, (3, 1, 1), pad=(1, 0, 0))
+    assert not kernels.temporal_rows_applies(conv)
+    graph = kernels.grad_input(conv, F32)
+    assert graph.params.geometry.kernel == (1, 1, 1)
+    arrays = _inputs(graph)
+    _check(_run(graph, Heuristic(16, rows=True), arrays), _expected("grad_input", conv, arrays))
 
 
 def test_the_rows_tiles_fit_and_divide():

@@ -240,7 +240,10 @@ def temporal_rows_applies(conv: Conv3d) -> bool:
     and output channel, then written out as NCDHW rows while in cache. The stride-phase form
     computed the D border rows as reductions of their own, each into a packed buffer that
     another pass unpacked: R(2+1)D's 144 -> 64 (3,1,1) layer on 8x28x28 1.77 -> 1.59 ms, a
-    1024 -> 256 one on 4x7x7 1.66 -> 1.37 (Zen 4)."""
+    1024 -> 256 one on 4x7x7 1.66 -> 1.37 (Zen 4). Its live taps decide (:func:`live_taps`:
+    on one frame only the centre tap is, a pointwise layer, which the kernel's own form
+    computes row by row already)."""
+    conv = (live_taps(conv) or (None, conv))[1]
     return (conv.kernel[0] > 1 and tuple(conv.kernel[1:]) == (1, 1)
             and tuple(conv.strides) == (1, 1, 1) and not any(conv.pads[2:])
             and conv.groups == 1)
