@@ -289,26 +289,19 @@ def rows_tile(p: BackpropInputParams, lanes: int, accumulators: int | None = Non
     ``positions`` of the row (a divisor of W: no predicated tail) times ``blocks``
     input-channel blocks. Unblocked, one block and the most positions that fit the
     accumulators: each filter vector feeds the whole tile, and a block's filter slice (taps x
-    output channels x C0) is what a row's tiles stream. ``blocked``, also a divisor of the
-    blocks (at most ``GEMM_BLOCKS``): the fewest loads per multiply-add (per output channel
-    and tap: ``positions`` broadcasts of dy and ``blocks`` filter vectors per C0 block), ties
-    to more accumulators, then more positions; its filter slice is ``blocks`` times larger.
-    Neither wins everywhere (Zen 4): on 7-wide rows one block held 7 accumulators, and a 1024
-    -> 256 temporal layer took 1.97 ms with it, 1.37 with 7 x 3 blocks; X3D's 96 -> 216
-    pointwise layer on 14-wide rows took 1.04 ms with 14 x 1 and 1.50 with 7 x 3 (its 41 KB
-    filter slice no longer in L1). Measured selection times both."""
-    vectors = max(1, p.geometry.c0 // lanes)
-    budget = accumulators or ACC_REGS.get(lanes, 8)
+    output channels x C0) is what a row's tiles stream. ``blocked``, :func:`gemm_knobs`'s tile
+    of a one-row extent: the blocks a divisor too (at most ``GEMM_BLOCKS``), the fewest loads
+    per multiply-add, ties to more accumulators, then more positions; its filter slice is
+    ``blocks`` times larger. Neither wins everywhere (Zen 4): on 7-wide rows one block held 7
+    accumulators, and a 1024 -> 256 temporal layer took 1.97 ms with it, 1.37 with 7 x 3
+    blocks; X3D's 96 -> 216 pointwise layer on 14-wide rows took 1.04 ms with 14 x 1 and 1.50
+    with 7 x 3 (its 41 KB filter slice no longer in L1). Measured selection times both."""
     width = p.geometry.in_spatial[2]
     if not blocked:
-        return _fit(width, max(1, budget // vectors)), 1
-    options = [((blocks * vectors + cols) / (cols * blocks * vectors), -cols * blocks, -cols,
-                cols, blocks)
-               for cols in divisors(width)
-               for blocks in divisors(p.geometry.group.cin1_g)
-               if blocks <= GEMM_BLOCKS and cols * blocks * vectors <= budget]
-    *_, cols, blocks = min(options, default=(0, 0, 0, 1, 1))
-    return cols, blocks
+        return _fit(width, _positions(p, lanes, accumulators)), 1
+    # (The chunk it also sizes from the output channels is not used here.)
+    fit = gemm_knobs(p, lanes, width, CO_CHUNK, 1, p.geometry.group.cin1_g, accumulators)
+    return fit.w_tile, fit.cb_tile
 
 
 def _schedule_rows(sch, p: BackpropInputParams, knobs: Heuristic, target):
