@@ -5,6 +5,7 @@ dilation, batches, every dtype, against NumPy; every kernel under the bounds pro
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -14,7 +15,7 @@ from tbe_like.schedules.common import HEURISTIC_LANES, Heuristic
 from tbe_like.schedules.llvm.conv3d_backprop_filter_col import tile
 
 from tbe_like import bounds, ops
-from tbe_like._tvm import IRModule, s_tir, structural_walk, tirx
+from tbe_like._tvm import IRModule, Target, s_tir, structural_walk, tirx
 from tbe_like.bounds import compile_checked
 from tbe_like.kernel import Kernel
 from tbe_like.lowering import align_params, param_alignment, prepare
@@ -320,3 +321,39 @@ def test_every_form_takes_the_arguments_of_the_kernel(kind):
             got = [(tuple(int(d) for d in p.ty.shape), str(p.ty.dtype))
                    for p in kernels.prim_func(form).params]
             assert got == want, (name, conv)
+
+
+@pytest.mark.parametrize("parallel_from", [None, 0])
+@pytest.mark.parametrize("lanes", HEURISTIC_LANES)
+def test_the_im2col_matrix_is_copied_in_tiles(monkeypatch, parallel_from, lanes):
+    """x's im2col matrix (x transposed, for a pointwise layer) is copied in tiles of positions
+    (a divisor of theirs, at most 16, unrolled) x 16 columns (vectorized), on the calling
+    thread below ``TRANSPOSE_PARALLEL_MIN`` elements and in parallel above it: right either
+    way, on 2 x 3 x 7 = 42 positions (tiles of 14) and on 24 (a 3x3x3 filter, tiles of 12)."""
+    from tbe_like.schedules import common
+
+    monkeypatch.setattr(kernels, "SERIAL_FLOPS", 0)  # small shapes, scheduled for 2 cores
+    if parallel_from is not None:
+        monkeypatch.setattr(common, "TRANSPOSE_PARALLEL_MIN", parallel_from)
+        monkeypatch.setattr(common, "PARALLEL_MIN_ITERATIONS", 0)
+    multi = Target({**json.loads(str(TARGET)), "num-cores": 2})
+    prec = kernels.Precision("float32", "float32")
+    for conv, rows in ((conv3d(2, 32, (3, 6, 14), 24, (1, 1, 1), stride=(1, 2, 2), pad=0), 14),
+                       (CASES["stride2-batch2"][0], 12)):
+        graph = kernels.grad_weight_col(conv, prec)
+        sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})),
+                               graph, multi, Heuristic(lanes))
+        loops = [sch.get(loop)
+                 for loop in sch.get_loops(sch.get_sblock(kernels.stages.DW_COL_X))]
+        kinds = [loop.kind for loop in loops]
+        assert (int(loops[-1].extent), kinds[-1]) == (16, tirx.ForKind.VECTORIZED)
+        assert (int(loops[-2].extent), kinds[-2]) == (rows, tirx.ForKind.UNROLLED)
+        assert (tirx.ForKind.PARALLEL in kinds) == (parallel_from is not None)
+        rng = np.random.default_rng(5)
+        x = rng.standard_normal(conv.x_shape).astype(np.float32)
+        w = rng.standard_normal(conv.w_shape).astype(np.float32)
+        dy = rng.standard_normal(conv.y_shape).astype(np.float32)
+        _, dw_want = _gradients(conv, x, w, dy)
+        dw = run_form(graph, lanes, (x, dy))
+        np.testing.assert_allclose(dw, dw_want, rtol=0,
+                                   atol=RTOL["float32"] * np.abs(dw_want).max())

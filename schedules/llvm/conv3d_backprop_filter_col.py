@@ -9,7 +9,8 @@ im2col matrix (``FILTER_COL_OP``, ``tbe_like.ops.kernels.grad_weight_col``).
         register tile: co_tile x vectors of f    co_tile broadcasts of dy, the vectors of x_col
       write the tile's cells of the 2-D product
 
-x_col is built first (positions in parallel). The product is written where it goes: the
+x_col is built first, in tiles of positions x 16 columns (``transpose_in_tiles``: for a
+pointwise layer it is x transposed). The product is written where it goes: the
 user's OIDHW array seen as ``(Cout, Cin*kd*kh*kw)`` (``Graph.arg_shapes``); a float16 or
 bfloat16 result is cast by a last pass (output channels in parallel).
 """
@@ -27,6 +28,7 @@ from ..common import (
     fuse_parallel_vectorize,
     knob_lanes,
     parallel,
+    transpose_in_tiles,
     width_candidates,
 )
 from ..registry import register
@@ -70,8 +72,7 @@ def schedule(sch, p: ColFilterParams, target, knobs: Heuristic | None = None):
     width; measured selection times both widths)."""
     lanes = knob_lanes(knobs, target)
     col = sch.get_sblock(stages.DW_COL_X)
-    m, *_ = sch.get_loops(col)
-    parallel(sch, [m], target)
+    transpose_in_tiles(sch, col, *sch.get_loops(col), target)
     gemm = sch.get_sblock(stages.DW_COL)
     co, f, m = sch.get_loops(gemm)
     schedule_gemm(sch, gemm, co, f, m, p.cout, p.columns, lanes, target)
