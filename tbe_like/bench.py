@@ -348,6 +348,8 @@ def run(shapes, repeat: int, budget: float, torch_limit: float, threads: int
     peak_run, peak_flops = fma_peak(threads)
     peak_gflop = peak_flops / 1e9
     rows, runners = [], {}
+    fastest = 0.0  # the best FMA peak (GFLOP/s) a row's rounds measured so far
+    slow_rows = []  # (row, its measurement) of rows timed in a slow phase of the host
     for s in shapes:
         rng = np.random.default_rng(0)
         dt = numpy_dtype(s.dtype)
@@ -384,61 +386,110 @@ def run(shapes, repeat: int, budget: float, torch_limit: float, threads: int
             call_torch = functools.partial(ex, *(_as_torch(a) for a in (go, x, w)))
             run_ours = runners[s.name, grad] = kernel.runner(*args)
             gf = s.flops() / 1e9
-            if once > torch_limit:  # too slow to repeat: timed once
-                timed, dropped = _steady_rounds((call_np, call_torch, run_ours, peak_run),
-                                                repeat, math.inf, calls=1)
-                theirs = once
-                per_round = [once / t[0] for t in timed]
-                ratio = theirs / statistics.median(t[0] for t in timed)
-            else:
-                timed, dropped = _steady_rounds(
-                    (call_np, call_torch, run_ours, torch_call, peak_run), repeat, budget)
-                theirs = statistics.median(t[3] for t in timed)
-                per_round = [t[3] / t[0] for t in timed]
-                ratio = statistics.median(per_round)
-            kernel_ratio = statistics.median(
-                (t[3] if len(t) == 5 else theirs) / t[2] for t in timed)
-            ours, ours_torch, alone = (statistics.median(t[i] for t in timed) for i in (0, 1, 2))
-            # Each call (NumPy, torch) against the kernel called in turn with it, pair by
-            # pair (:func:`_paired`; blocks of their own drifted apart with the host's speed,
-            # even in one round), the median over the pairs; the slower of the two kinds is
-            # reported.
-            overhead, excess, rechecks = _call_over_kernel(
-                (call_np, call_torch), run_ours, slow=once > torch_limit)
-            low, _, high = statistics.quantiles(per_round, n=4, method="inclusive")
-            # The kernel's GFLOP/s over the FMA peak's in the same round.
-            of_peak = statistics.median(gf * t[-1] / (peak_gflop * t[2]) for t in timed)
-            peak = statistics.median(peak_gflop / t[-1] for t in timed)
+            measure = functools.partial(_time_row, call_np, call_torch, run_ours, torch_call,
+                                        once, gf, repeat, budget, torch_limit, peak_run,
+                                        peak_gflop)
+            timing = measure()
+            fastest = max(fastest, timing["peak_gflops"])
             tuned = bool(kernel.metadata["para_dict"].get("tuned"))
             selection = kernel.metadata["para_dict"].get("selection")
             rows.append({"shape": s.name, "gradient": grad, "dtype": s.dtype, "tuned": tuned,
                          "fitted": s.fitted, "selection": selection,
                          "gflop": round(gf, 2), "compile_s": round(compile_s, 2),
-                         "tbe_like_ms": round(ours * 1e3, 4), "torch_ms": round(theirs * 1e3, 4),
-                         "tbe_like_torch_in_ms": round(ours_torch * 1e3, 4),
-                         "kernel_ms": round(alone * 1e3, 4),
-                         "call_over_kernel": round(overhead, 3),
-                         "call_over_bound_ms": round(excess, 4),
-                         "call_rechecks": rechecks,
-                         "tbe_like_gflops": round(gf / ours, 1),
-                         "torch_gflops": round(gf / theirs, 1),
-                         "ratio": round(ratio, 2), "kernel_ratio": round(kernel_ratio, 2),
-                         "network": s.network, "rounds": len(timed),
-                         "rounds_dropped": dropped,
-                         "ratio_quartiles": [round(low, 2), round(high, 2)],
-                         "peak_gflops": round(peak, 1),
-                         "of_peak": round(of_peak, 3), "config": asdict(s),
+                         **timing, "network": s.network, "config": asdict(s),
                          "target": str(host_target())})
+            if timing["peak_gflops"] < SLOW_ROW * fastest:
+                slow_rows.append((len(rows) - 1, measure))
             r = rows[-1]
             print(f"{s.name:18} {grad:6} {s.dtype:8} {r['tbe_like_ms']:10.2f} "
                   f"{r['tbe_like_torch_in_ms']:10.2f} {r['kernel_ms']:10.2f} "
                   f"{r['call_over_kernel']:6.3f} "
                   f"{r['tbe_like_gflops']:8.1f} {r['torch_ms']:10.2f} {r['torch_gflops']:8.1f} "
-                  f"{r['ratio']:6.2f} {f'{low:.2f}-{high:.2f}':>11} {len(timed):6} "
-                  f"{100 * of_peak:5.0f}% {r['compile_s']:7.2f} "
+                  f"{r['ratio']:6.2f} {_quartiles(r):>11} {r['rounds']:6} "
+                  f"{100 * r['of_peak']:5.0f}% {r['compile_s']:7.2f} "
                   f"{_schedule_of(r):>9}",
                   flush=True)
+    _retime_slow_rows(rows, slow_rows, fastest)
     return rows, runners
+
+
+# A row whose rounds' FMA peak ran below this share of the best a row measured in the run was
+# timed in a slow phase of the host as a whole (every round of it): it is timed again at the
+# end of the run (:func:`_retime_slow_rows`).
+SLOW_ROW = 0.85
+# How many times a slow row is timed again, at most.
+SLOW_ROW_RETIMES = 2
+
+
+def _retime_slow_rows(rows: list[dict], slow_rows: list, fastest: float) -> None:
+    """Time again, at the end of the run, the rows whose every round fell in a slow phase of
+    the host (their FMA peak below ``SLOW_ROW`` of the run's best; :func:`_steady_rounds`
+    drops single slow rounds): on this 2-vCPU host whole seconds ran at half speed (peaks of
+    116 against 232 GFLOP/s), and a V-Net input gradient timed there read 0.85 ms against its
+    0.42. Each keeps the measurement whose peak was highest; ``retimed`` says how many times
+    it was timed again (both sides are, PyTorch too)."""
+    if slow_rows:
+        print(f"timing again {len(slow_rows)} rows timed in a slow phase of the host (FMA "
+              f"peak below {SLOW_ROW} of the run's best, {fastest:.0f} GFLOP/s)", flush=True)
+    for index, measure in slow_rows:
+        row = rows[index]
+        for attempt in range(1, SLOW_ROW_RETIMES + 1):
+            timing = measure()
+            if timing["peak_gflops"] > row["peak_gflops"]:
+                row.update(timing)
+            row["retimed"] = attempt
+            if row["peak_gflops"] >= SLOW_ROW * fastest:
+                break
+        print(f"  {row['shape']} {row['gradient']}: ratio {row['ratio']:.2f}, kernel "
+              f"{row['kernel_ms']:.3f} ms, peak {row['peak_gflops']:.0f} GFLOP/s", flush=True)
+
+
+def _quartiles(row: dict) -> str:
+    low, high = row["ratio_quartiles"]
+    return f"{low:.2f}-{high:.2f}"
+
+
+def _time_row(call_np, call_torch, run_ours, torch_call, once: float, gf: float, repeat: int,
+              budget: float, torch_limit: float, peak_run, peak_gflop: float) -> dict:
+    """The timing fields of a row: the user's calls, the kernel alone and PyTorch in
+    alternating rounds (:func:`_steady_rounds`; PyTorch timed ``once`` where that took over
+    ``torch_limit`` s), each call against the kernel pair by pair (:func:`_call_over_kernel`),
+    and the FMA peak of the same rounds."""
+    if once > torch_limit:  # too slow to repeat: timed once
+        timed, dropped = _steady_rounds((call_np, call_torch, run_ours, peak_run),
+                                        repeat, math.inf, calls=1)
+        theirs = once
+        per_round = [once / t[0] for t in timed]
+        ratio = theirs / statistics.median(t[0] for t in timed)
+    else:
+        timed, dropped = _steady_rounds(
+            (call_np, call_torch, run_ours, torch_call, peak_run), repeat, budget)
+        theirs = statistics.median(t[3] for t in timed)
+        per_round = [t[3] / t[0] for t in timed]
+        ratio = statistics.median(per_round)
+    kernel_ratio = statistics.median((t[3] if len(t) == 5 else theirs) / t[2] for t in timed)
+    ours, ours_torch, alone = (statistics.median(t[i] for t in timed) for i in (0, 1, 2))
+    # Each call (NumPy, torch) against the kernel called in turn with it, pair by pair
+    # (:func:`_paired`; blocks of their own drifted apart with the host's speed, even in one
+    # round), the median over the pairs; the slower of the two kinds is reported.
+    overhead, excess, rechecks = _call_over_kernel(
+        (call_np, call_torch), run_ours, slow=once > torch_limit)
+    low, _, high = statistics.quantiles(per_round, n=4, method="inclusive")
+    # The kernel's GFLOP/s over the FMA peak's in the same round.
+    of_peak = statistics.median(gf * t[-1] / (peak_gflop * t[2]) for t in timed)
+    peak = statistics.median(peak_gflop / t[-1] for t in timed)
+    return {"tbe_like_ms": round(ours * 1e3, 4), "torch_ms": round(theirs * 1e3, 4),
+            "tbe_like_torch_in_ms": round(ours_torch * 1e3, 4),
+            "kernel_ms": round(alone * 1e3, 4),
+            "call_over_kernel": round(overhead, 3),
+            "call_over_bound_ms": round(excess, 4),
+            "call_rechecks": rechecks,
+            "tbe_like_gflops": round(gf / ours, 1),
+            "torch_gflops": round(gf / theirs, 1),
+            "ratio": round(ratio, 2), "kernel_ratio": round(kernel_ratio, 2),
+            "rounds": len(timed), "rounds_dropped": dropped,
+            "ratio_quartiles": [round(low, 2), round(high, 2)],
+            "peak_gflops": round(peak, 1), "of_peak": round(of_peak, 3)}
 
 
 def _as_torch(a: np.ndarray):

@@ -279,3 +279,23 @@ def test_bench_a_network_against_pytorch(tmp_path, tiny, capsys):
         assert "matplotlib is not installed" in shown
     else:
         assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_times_again_the_rows_of_a_slow_phase(tmp_path, tiny, capsys, monkeypatch):
+    """A row whose rounds' FMA peak ran below ``SLOW_ROW`` of the run's best is timed again
+    at the end of the run (here every row: the share is set above 1), PyTorch too, and says
+    so; a round slower than the row's best round is dropped (``rounds_dropped``)."""
+    pytest.importorskip("torch")
+    from tbe_like import bench
+
+    monkeypatch.setattr(bench, "SLOW_ROW", 10.0)
+    out = tmp_path / "bench.json"
+    assert cli.main(["bench", "--network", str(tiny), "--repeat", "2", "--budget", "0.2",
+                     "--json", str(out), "--records", str(tmp_path / "none")]) == 0
+    shown = capsys.readouterr().out
+    rows = json.loads(out.read_text())["rows"]
+    assert f"timing again {len(rows)} rows timed in a slow phase" in shown
+    for r in rows:
+        assert r["retimed"] == bench.SLOW_ROW_RETIMES
+        assert r["rounds"] >= 2 and r["rounds_dropped"] >= 0 and r["call_rechecks"] >= 0
+        assert r["kernel_ms"] > 0 and r["torch_ms"] > 0 and r["peak_gflops"] > 0
