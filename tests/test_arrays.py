@@ -134,6 +134,30 @@ def test_a_dropped_result_is_reused_and_a_held_one_never(kernel, data):
         assert_matches(result, want)
 
 
+def test_results_are_cache_line_aligned_and_reused(kernel, data):
+    """A host result, NumPy's or torch's, starts on a 64-byte line (NumPy's own arrays of a
+    few pages start 16 bytes past one, and every vector store of a row then straddled two
+    lines); it is an aligned view of the memory NumPy owns, kept for the next call while
+    nothing holds either: a view of the result, or a tensor made from it, keeps it."""
+    x, dy, want = data
+    first = kernel(x, dy)
+    assert first.ctypes.data % arrays.RESULT_ALIGNMENT == 0 and first.base is not None
+    memory = first.ctypes.data
+    del first
+    again = kernel(x, dy)
+    assert again.ctypes.data == memory  # reused
+    row = again[0]  # a view: it holds the owner, not ``again``
+    del again
+    other = kernel(x, dy)
+    assert other.ctypes.data != memory and other.ctypes.data % arrays.RESULT_ALIGNMENT == 0
+    del other
+    tensor = kernel(torch.from_numpy(x), torch.from_numpy(dy))
+    assert tensor.data_ptr() % arrays.RESULT_ALIGNMENT == 0
+    assert row.ctypes.data == memory  # still there, never written over
+    assert_matches(row, want[0])
+    assert_matches(tensor.numpy(), want)
+
+
 def test_out_is_written_in_place(kernel, data, monkeypatch):
     x, dy, want = data
     out = np.full(kernel.outputs[0].shape, np.nan, np.float32)
