@@ -125,10 +125,6 @@ def parallelize(sch, loop, target, more: int = 0) -> None:
         sch.parallel(loop)
 
 
-# Elements a transposing copy (:func:`transpose_in_tiles`) moves on the calling thread: tiles
-# of 16 x 16 moved 64K floats in 3-17 us on one Zen 4 core, while a parallel loop's wake
-# alone took about 10 us (64 x 1568 floats: 20 us on one core, 30 on two).
-TRANSPOSE_PARALLEL_MIN = 256 * 1024
 # Rows and columns of a transposing copy's tile, at most (a vector of float32 columns).
 TRANSPOSE_TILE = 16
 
@@ -137,19 +133,19 @@ def transpose_in_tiles(sch, block, rows, columns, target) -> None:
     """Schedule ``block``, a copy whose destination is contiguous along ``columns`` and whose
     source steps along ``rows`` (a transpose, e.g. an im2col matrix of a pointwise layer), in
     tiles of up to ``TRANSPOSE_TILE`` rows (a divisor of theirs, unrolled) x 16 columns
-    (vectorized), the tile rows in parallel only past ``TRANSPOSE_PARALLEL_MIN`` elements.
-    Element by element along the destination, each read a cache line apart, 64 x 256 floats
-    took 14 us; in tiles, 3 us. ``columns`` must be a multiple of 16."""
+    (vectorized), the tile rows in parallel (:func:`parallel`). Element by element along the
+    destination, each read a cache line apart, 64 x 256 floats took 14 us on one core, in
+    tiles 3 us. (On one core up to 256K elements, the weight gradients of 100K-element
+    matrices lost 10-20% called back to back, while their GEMM's workers were awake.)
+    ``columns`` must be a multiple of 16."""
     n_rows = int(sch.get(rows).extent)
-    n_columns = int(sch.get(columns).extent)
     tile = max(d for d in divisors(n_rows) if d <= TRANSPOSE_TILE)
     rows_o, rows_i = sch.split(rows, [None, tile])
     columns_o, columns_i = sch.split(columns, [None, TRANSPOSE_TILE])
     sch.reorder(rows_o, columns_o, rows_i, columns_i)
     sch.unroll(rows_i)
     sch.vectorize(columns_i)
-    if n_rows * n_columns >= TRANSPOSE_PARALLEL_MIN:
-        parallel(sch, [rows_o], target)
+    parallel(sch, [rows_o], target)
 
 
 def fuse_parallel_vectorize(sch, block_name: str, n_parallel: int, target):

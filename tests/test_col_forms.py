@@ -328,14 +328,13 @@ def test_every_form_takes_the_arguments_of_the_kernel(kind):
 def test_the_im2col_matrix_is_copied_in_tiles(monkeypatch, parallel_from, lanes):
     """x's im2col matrix (x transposed, for a pointwise layer) is copied in tiles of positions
     (a divisor of theirs, at most 16, unrolled) x 16 columns (vectorized), on the calling
-    thread below ``TRANSPOSE_PARALLEL_MIN`` elements and in parallel above it: right either
+    thread below ``PARALLEL_MIN_ITERATIONS`` elements and in parallel above it: right either
     way, on 2 x 3 x 7 = 42 positions (tiles of 14) and on 24 (a 3x3x3 filter, tiles of 12)."""
     from tbe_like.schedules import common
 
     monkeypatch.setattr(kernels, "SERIAL_FLOPS", 0)  # small shapes, scheduled for 2 cores
     if parallel_from is not None:
-        monkeypatch.setattr(common, "TRANSPOSE_PARALLEL_MIN", parallel_from)
-        monkeypatch.setattr(common, "PARALLEL_MIN_ITERATIONS", 0)
+        monkeypatch.setattr(common, "PARALLEL_MIN_ITERATIONS", parallel_from)
     multi = Target({**json.loads(str(TARGET)), "num-cores": 2})
     prec = kernels.Precision("float32", "float32")
     for conv, rows in ((conv3d(2, 32, (3, 6, 14), 24, (1, 1, 1), stride=(1, 2, 2), pad=0), 14),
