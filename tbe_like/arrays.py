@@ -222,7 +222,8 @@ RESULT_ALIGNMENT = 64
 
 def _host_empty(kind: str, shape: Sequence[int], dtype: str, alignment: int) -> np.ndarray:
     """The NumPy memory of a host result (torch's bfloat16 as int16, viewed back by torch),
-    aligned to ``alignment`` bytes and to ``RESULT_ALIGNMENT`` at least."""
+    aligned to ``alignment`` bytes and to ``RESULT_ALIGNMENT`` at least: a view of the array
+    it allocates, which is its ``base`` and owns the memory (``Spares`` counts on both)."""
     np_dtype = numpy_dtype("int16" if kind == "torch" and dtype == "bfloat16" else dtype)
     return _aligned_empty(shape, np_dtype, max(alignment, RESULT_ALIGNMENT))
 
@@ -297,11 +298,9 @@ class Spares:
             kept = self._kept[index]
             free = (kept is not None and kept[0] == kind
                     and sys.getrefcount(kept[1]) == self._UNHELD
-                    and (kept[1].base is None
-                         or sys.getrefcount(kept[1].base) == self._UNHELD))
+                    and sys.getrefcount(kept[1].base) == self._UNHELD)
             host = kept[1] if free else _host_empty(kind, shape, dtype, alignment)
-            if host.base is None or host.base.base is None:  # the owner is one step away
-                self._kept[index] = (kind, host)
+            self._kept[index] = (kind, host)
             del kept
         return _handed_out(kind, host, dtype)
 

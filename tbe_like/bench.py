@@ -243,8 +243,13 @@ def _rounds(fns, rounds: int, budget: float, calls: int = 3) -> list[tuple[float
     out = []
     start = time.perf_counter()
     while len(out) < rounds and (len(out) < 2 or time.perf_counter() - start < budget):
-        out.append(tuple(_block(fn, calls) for fn in fns))
+        out.append(_round(fns, calls))
     return out
+
+
+def _round(fns, calls: int) -> tuple[float, ...]:
+    """One round of :func:`_rounds`: a block of calls of each of ``fns`` in turn."""
+    return tuple(_block(fn, calls) for fn in fns)
 
 
 # A round whose FMA peak ran this much slower than the fastest round's was timed in one of the
@@ -273,7 +278,7 @@ def _steady_rounds(fns, rounds: int, budget: float, calls: int = 3
 
     while (len(steady()) < len(out) and len(out) < 2 * rounds
            and time.perf_counter() - start < budget):
-        out.append(tuple(_block(fn, calls) for fn in fns))
+        out.append(_round(fns, calls))
         if len(steady()) >= rounds:
             break
     kept = steady()
