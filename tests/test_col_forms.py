@@ -44,6 +44,13 @@ CASES = {  # (conv, dtype)
     # Stride 2 dividing H alone (D = 5, W = 7: no phases there), float16.
     "pointwise-stride2-float16": (conv3d(1, 16, (5, 6, 7), 16, (1, 1, 1), stride=2, pad=0),
                                   "float16"),
+    # Filter rows that are not whole vectors: 21 x 3 = 63 columns (a tail of 15 or 7 lanes,
+    # R(2+1)D's temporal layers' odd channel counts), 17 (a tail of 1), padded, strided.
+    "odd-columns-temporal": (conv3d(1, 21, (2, 4, 4), 8, (3, 1, 1), stride=(2, 1, 1),
+                                    pad=(1, 0, 0)), "float32"),
+    "odd-columns-k133": (conv3d(2, 5, (1, 3, 5), 12, (1, 3, 3), pad=(0, 1, 1)), "float32"),
+    "odd-columns-pointwise-bfloat16": (conv3d(1, 17, (2, 3, 3), 9, (1, 1, 1), pad=0),
+                                       "bfloat16"),
 }
 
 
@@ -135,7 +142,7 @@ def test_only_layers_of_few_positions_have_the_forms():
                              False, TARGET)
         assert "col" in forms, kind
     for conv in (conv3d(1, 64, (4, 8, 9), 64, (3, 3, 3)),  # 288
-                 conv3d(1, 3, (2, 4, 4), 8, (1, 1, 1), pad=0),  # 3 columns
+                 conv3d(1, 3, (2, 4, 4), 8, (1, 1, 1), pad=0),  # 3 columns: not a vector
                  kernels.Conv3d(1, 32, 32, (2, 4, 4), (2, 4, 4), (3, 3, 3), (1, 1, 1),
                                 (1,) * 6, (1, 1, 1), 2)):  # groups
         assert not kernels.col_applies(conv)
@@ -157,10 +164,10 @@ def test_a_pointwise_weight_gradient_has_the_form_at_any_number_of_positions():
     assert kernels.input_col_applies(conv3d(1, 32, (8, 28, 28), 64, (1, 1, 1), stride=2, pad=0))
     for conv in (conv3d(1, 32, (4, 16, 16), 48, (1, 1, 1), pad=0),  # 1024 positions
                  conv3d(1, 48, (16, 28, 28), 216, (1, 1, 1), pad=0),  # 12544 positions
-                 conv3d(2, 16, (16, 64, 64), 8, (1, 1, 1), pad=0)):  # 8 MiB exactly
+                 conv3d(2, 16, (16, 64, 64), 8, (1, 1, 1), pad=0),  # 8 MiB exactly
+                 conv3d(1, 24, (4, 8, 9), 48, (1, 1, 1), pad=0)):  # a vector and a tail of 8
         assert kernels.weight_col_applies(conv)
     for conv in (conv3d(1, 32, (4, 8, 9), 48, (3, 3, 3)),  # 288 positions, 3x3x3
-                 conv3d(1, 24, (4, 8, 9), 48, (1, 1, 1), pad=0),  # 24 columns: not whole vectors
                  conv3d(1, 32, (4, 8, 9), 48, (1, 1, 1), pad=0, groups=2),  # groups
                  conv3d(1, 8192, (1, 16, 20), 16, (1, 1, 1), pad=0),  # a 10 MiB matrix
                  conv3d(2, 16, (16, 64, 65), 8, (1, 1, 1), pad=0)):  # just over 8 MiB

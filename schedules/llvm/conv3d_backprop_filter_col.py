@@ -52,10 +52,43 @@ def schedule_gemm(sch, block, rows, columns, reduction, n_rows: int, n_columns: 
     ``reduction``: register tiles of rows x vectors of columns (:func:`tile`, for the target's
     registers) in parallel, the column tiles outer where ``columns_first`` (a column tile's
     slice of the operand streamed along the reduction then stays in cache for every row tile),
-    the whole reduction inside each, the tile unrolled and its lanes vectorized."""
-    rows_t, vectors = tile(n_rows, n_columns // lanes, vector_registers(target))
+    the whole reduction inside each, the tile unrolled and its lanes vectorized.
+
+    Columns beyond the last whole vector (a filter row of 921 x 3 cells: R(2+1)D's odd
+    channel counts) are a second GEMM of their own (``loop_partition``): one narrower vector
+    per row tile, after the whole vectors' tiles."""
+    tail = n_columns % lanes
+    if tail == 0:
+        _schedule_tiles(sch, block, rows, columns, reduction, n_rows, n_columns // lanes,
+                        lanes, target, columns_first)
+        return
+    sch.reorder(columns, rows)
+    parts = [columns] if n_columns < lanes else sch.loop_partition(columns, [n_columns - tail])
+    for part in parts:
+        (gemm,) = sch.get_child_blocks(part)
+        columns_, rows_, reduction_ = sch.get_loops(gemm)
+        if part is not parts[-1]:
+            _schedule_tiles(sch, gemm, rows_, columns_, reduction_, n_rows,
+                            (n_columns - tail) // lanes, lanes, target, columns_first)
+            continue
+        # The last ``tail`` columns: one vector of them per tile of rows. (The loop starts
+        # where the whole vectors end, which ``split`` does not take.)
+        rows_o, rows_i = sch.split(rows_, [None, tile(n_rows, 1, vector_registers(target))[0]])
+        sch.reorder(rows_o, reduction_, rows_i, columns_)
+        parallel(sch, [rows_o], target)
+        sch.unroll(rows_i)
+        sch.vectorize(columns_)
+        init = sch.decompose_reduction(gemm, reduction_)
+        sch.vectorize(sch.get_loops(init)[-1])
+
+
+def _schedule_tiles(sch, block, rows, columns, reduction, n_rows: int, vectors: int,
+                    lanes: int, target, columns_first: bool) -> None:
+    """:func:`schedule_gemm`'s register tiles on ``vectors`` whole vectors of ``lanes``
+    columns."""
+    rows_t, per_tile = tile(n_rows, vectors, vector_registers(target))
     rows_o, rows_i = sch.split(rows, [None, rows_t])
-    columns_o, columns_v, lane = sch.split(columns, [None, vectors, lanes])
+    columns_o, columns_v, lane = sch.split(columns, [None, per_tile, lanes])
     outer = [columns_o, rows_o] if columns_first else [rows_o, columns_o]
     sch.reorder(*outer, reduction, rows_i, columns_v, lane)
     parallel(sch, outer, target)

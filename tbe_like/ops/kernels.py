@@ -607,11 +607,21 @@ COL_MAX_POINTWISE_POSITIONS = math.inf
 def col_applies(conv: Conv3d, max_positions: int = COL_MAX_POSITIONS) -> bool:
     """Whether the col forms build ``conv``'s gradients (``grad_input_col``; for the weight
     gradient, :func:`weight_col_applies` extends it): no groups, at most ``max_positions``
-    positions, a filter row (Cin*kd*kh*kw) of whole vectors (``ROWS_LANES``), an im2col
-    matrix within ``COL_MAX_BYTES``."""
+    positions, a filter row (Cin*kd*kh*kw) of at least one vector (``ROWS_LANES``), an im2col
+    matrix within ``COL_MAX_BYTES``. The columns past the row's last whole vector are a
+    narrower vector of their own (``schedules.llvm.conv3d_backprop_filter_col.schedule_gemm``):
+    R(2+1)D's 921 -> 512 temporal layer on 2x4x4, 2763 columns, reads its 5.6 MB filter in
+    place instead of packing it.)"""
     positions, columns = _col_shape(conv)
-    return (conv.groups == 1 and positions <= max_positions
-            and columns % ROWS_LANES == 0 and 4 * positions * columns <= COL_MAX_BYTES)
+    return (conv.groups == 1 and positions <= max_positions and columns >= ROWS_LANES
+            and 4 * positions * _padded_columns(conv) <= COL_MAX_BYTES)
+
+
+def _padded_columns(conv: Conv3d) -> int:
+    """The columns of the weight gradient's im2col matrix: a filter row rounded up to whole
+    vectors (``ROWS_LANES``), zeros past its end, so that it is copied a tile of 16 columns
+    at a time (``schedules.common.transpose_in_tiles``)."""
+    return -(-_col_shape(conv)[1] // ROWS_LANES) * ROWS_LANES
 
 
 def weight_col_applies(conv: Conv3d) -> bool:
@@ -688,16 +698,21 @@ def grad_weight_col(conv: Conv3d, prec: Precision,
     zero = tirx.const(0, prec.dtype)
     in_d, in_h, in_w = conv.in_spatial
 
+    padded = _padded_columns(conv)
+
     def col_body(m, f):
         n, od, oh, ow = _col_position(conv, m)
         ci, a, b, c = _col_cell(conv, f)
         d, h, w = od * sd + a * dd - front, oh * sh + b * dh - top, ow * sw + c * dw - left
         inside = tirx.all(d >= 0, d < in_d, h >= 0, h < in_h, w >= 0, w < in_w)
+        if padded > columns:  # the columns past the filter row's end: zeros
+            inside = tirx.all(inside, f < columns)
+            ci = tirx.min(ci, conv.cin - 1)
         return tirx.if_then_else(inside, x[n, ci, tirx.max(tirx.min(d, in_d - 1), 0),
                                            tirx.max(tirx.min(h, in_h - 1), 0),
                                            tirx.max(tirx.min(w, in_w - 1), 0)], zero)
 
-    xcol = te.compute((positions, columns), col_body, name=stages.DW_COL_X,
+    xcol = te.compute((positions, padded), col_body, name=stages.DW_COL_X,
                       tag=stages.tag(FILTER_COL_OP, "x"))
     rm = te.reduce_axis((0, positions), name="m")
 
