@@ -381,11 +381,13 @@ FILTER_COL_OP = "conv3d_backprop_filter_col"
 @dataclass(frozen=True)
 class ColFilterParams:
     """The sizes of a GEMM weight gradient (``FILTER_COL_OP``): ``dW[co, f]`` over
-    ``positions`` (N*Do*Ho*Wo) rows, ``f`` the ``columns`` = Cin*kd*kh*kw of a filter."""
+    ``positions`` (N*Do*Ho*Wo) rows, ``f`` the ``columns`` = Cin*kd*kh*kw of a filter, ``taps``
+    = kd*kh*kw of them per input channel."""
 
     cout: int
     columns: int
     positions: int
+    taps: int = 1
 
 
 # The framework operators' input gradient of a layer of few positions as one GEMM into the

@@ -333,10 +333,13 @@ def test_every_form_takes_the_arguments_of_the_kernel(kind):
 @pytest.mark.parametrize("parallel_from", [None, 0])
 @pytest.mark.parametrize("lanes", HEURISTIC_LANES)
 def test_the_im2col_matrix_is_copied_in_tiles(monkeypatch, parallel_from, lanes):
-    """x's im2col matrix (x transposed, for a pointwise layer) is copied in tiles of positions
-    (a divisor of theirs, at most 16, unrolled) x 16 columns (vectorized), on the calling
-    thread below ``PARALLEL_MIN_ITERATIONS`` elements and in parallel above it: right either
-    way, on 2 x 3 x 7 = 42 positions (tiles of 14) and on 24 (a 3x3x3 filter, tiles of 12)."""
+    """x's im2col matrix is copied on the calling thread below ``PARALLEL_MIN_ITERATIONS``
+    elements and in parallel above it, right either way: a pointwise layer's (x transposed) in
+    tiles of positions (a divisor of theirs, at most 16, unrolled) x 16 columns (vectorized),
+    on 2 x 3 x 7 = 42 positions (tiles of 14); a 3x3x3 filter's row by row, each input
+    channel's 27 taps unrolled (one division and padding test per lane of a 16-column
+    vector made that copy 4x slower), on 24 positions and on a row of 21 x 27 = 567 columns,
+    not whole vectors."""
     from tbe_like.schedules import common
 
     monkeypatch.setattr(kernels, "SERIAL_FLOPS", 0)  # small shapes, scheduled for 2 cores
@@ -344,16 +347,19 @@ def test_the_im2col_matrix_is_copied_in_tiles(monkeypatch, parallel_from, lanes)
         monkeypatch.setattr(common, "PARALLEL_MIN_ITERATIONS", parallel_from)
     multi = Target({**json.loads(str(TARGET)), "num-cores": 2})
     prec = kernels.Precision("float32", "float32")
-    for conv, rows in ((conv3d(2, 32, (3, 6, 14), 24, (1, 1, 1), stride=(1, 2, 2), pad=0), 14),
-                       (CASES["stride2-batch2"][0], 12)):
+    for conv, inner in ((conv3d(2, 32, (3, 6, 14), 24, (1, 1, 1), stride=(1, 2, 2), pad=0),
+                         [(14, tirx.ForKind.UNROLLED), (16, tirx.ForKind.VECTORIZED)]),
+                        (CASES["stride2-batch2"][0], [(32, tirx.ForKind.SERIAL),
+                                                      (27, tirx.ForKind.UNROLLED)]),
+                        (conv3d(1, 21, (2, 3, 3), 8, (3, 3, 3)),
+                         [(21, tirx.ForKind.SERIAL), (27, tirx.ForKind.UNROLLED)])):
         graph = kernels.grad_weight_col(conv, prec)
         sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})),
                                graph, multi, Heuristic(lanes))
         loops = [sch.get(loop)
                  for loop in sch.get_loops(sch.get_sblock(kernels.stages.DW_COL_X))]
         kinds = [loop.kind for loop in loops]
-        assert (int(loops[-1].extent), kinds[-1]) == (16, tirx.ForKind.VECTORIZED)
-        assert (int(loops[-2].extent), kinds[-2]) == (rows, tirx.ForKind.UNROLLED)
+        assert [(int(loop.extent), loop.kind) for loop in loops[-2:]] == inner
         assert (tirx.ForKind.PARALLEL in kinds) == (parallel_from is not None)
         rng = np.random.default_rng(5)
         x = rng.standard_normal(conv.x_shape).astype(np.float32)

@@ -618,10 +618,14 @@ def col_applies(conv: Conv3d, max_positions: int = COL_MAX_POSITIONS) -> bool:
 
 
 def _padded_columns(conv: Conv3d) -> int:
-    """The columns of the weight gradient's im2col matrix: a filter row rounded up to whole
-    vectors (``ROWS_LANES``), zeros past its end, so that it is copied a tile of 16 columns
-    at a time (``schedules.common.transpose_in_tiles``)."""
-    return -(-_col_shape(conv)[1] // ROWS_LANES) * ROWS_LANES
+    """The columns of the weight gradient's im2col matrix: a pointwise layer's (x transposed,
+    copied a tile of 16 columns at a time: ``schedules.common.transpose_in_tiles``) rounded up
+    to whole vectors (``ROWS_LANES``), zeros past its end; a filter row of several taps (copied
+    row by row) as it is."""
+    columns = _col_shape(conv)[1]
+    if math.prod(conv.kernel) > 1:
+        return columns
+    return -(-columns // ROWS_LANES) * ROWS_LANES
 
 
 def weight_col_applies(conv: Conv3d) -> bool:
@@ -730,7 +734,7 @@ def grad_weight_col(conv: Conv3d, prec: Precision,
     if prec.dtype != ACC_DTYPE:
         out = te.compute(acc.shape, lambda co, f: acc[co, f].astype(prec.dtype),
                          name=stages.DW_COL_CAST, tag=stages.tag(FILTER_COL_OP, "cast"))
-    p = ColFilterParams(conv.cout, columns, positions)
+    p = ColFilterParams(conv.cout, columns, positions, math.prod(conv.kernel))
     return Graph(FILTER_COL_OP, p, [x, dy], out, ["NCDHW", "NCDHW", "NCDHW"],
                  flops=conv.flops(), arg_shapes=(None, None, conv.w_shape))
 
