@@ -72,7 +72,7 @@ def test_only_few_channel_layers_have_the_form():
     stem = conv3d(1, 3, (4, 16, 16), 8, (3, 7, 7), stride=2, pad=3)
     forms = _other_forms(graph_of("grad_weight", stem, prec, target=TARGET),
                          "grad_weight", stem, prec, False, TARGET)
-    assert list(forms) == ["rows"]
+    assert list(forms) == ["rows", "col"]  # 128 positions: the col form races too
     for conv in (conv3d(1, 5, (4, 8, 16), 24, (3, 3, 3)),  # 5 channels
                  conv3d(1, 4, (4, 8, 16), 8, (3, 3, 3), groups=2),
                  conv3d(1, 3, (2, 4, 40), 8, (1, 1, 17), pad=0)):  # 17 columns
