@@ -14,7 +14,7 @@ from conftest import NP_DTYPES, RTOL, conv3d, misaligned, run_form
 from tbe_like.schedules.common import HEURISTIC_LANES, Heuristic
 from tbe_like.schedules.llvm.conv3d_backprop_filter_col import tile
 
-from tbe_like import bounds, ops
+from tbe_like import bounds, ops, stages
 from tbe_like._tvm import IRModule, Target, s_tir, structural_walk, tirx
 from tbe_like.bounds import compile_checked
 from tbe_like.kernel import Kernel
@@ -79,6 +79,24 @@ def test_every_tile_matches_reference(name, lanes):
     np.testing.assert_allclose(dw, dw_want, rtol=0, atol=RTOL[dtype] * np.abs(dw_want).max())
     dx = run_form(kernels.grad_input_col(conv, prec), lanes, (dy, w))
     np.testing.assert_allclose(dx, dx_want, rtol=0, atol=RTOL[dtype] * np.abs(dx_want).max())
+
+
+@pytest.mark.parametrize("lanes", HEURISTIC_LANES)
+@pytest.mark.parametrize("make", [kernels.grad_input_col, kernels.grad_weight_col])
+def test_a_row_that_is_not_whole_vectors_ends_in_a_narrower_vector(make, lanes):
+    """A filter row of 21 x 3 = 63 columns: the GEMM's whole vectors are one partition of its
+    columns, the 15 (or 7) left over a second whose register tile is one vector of them, both
+    vectorized; nothing runs element by element."""
+    conv = CASES["odd-columns-temporal"][0]
+    graph = make(conv, kernels.Precision("float32", "float32"))
+    sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})),
+                           graph, TARGET, Heuristic(lanes))
+    gemm = stages.DX_COL if make is kernels.grad_input_col else stages.DW_COL
+    inner = []
+    for part in ("f0", "f1"):
+        loops = sch.get_loops(sch.get_sblock(f"{gemm}_{part}_update"))
+        inner.append((int(sch.get(loops[-1]).extent), sch.get(loops[-1]).kind))
+    assert inner == [(lanes, tirx.ForKind.VECTORIZED), (63 % lanes, tirx.ForKind.VECTORIZED)]
 
 
 @pytest.mark.parametrize("name, phases", [("stride2-phases", 2), ("pointwise-1x2x2", 1),
