@@ -29,7 +29,7 @@ from typing import Any
 
 from . import threads
 from ._tvm import IRModule, Target
-from .cache import cache_dir
+from .cache import cache_dir, code_fingerprint
 
 RECORDS_ENV = "TBE_LIKE_RECORDS"
 TUNED_ENV = "TBE_LIKE_TUNED"
@@ -70,14 +70,26 @@ def _ms():
 
 def records_dirs() -> list[Path]:
     """Where builds look for tuning records, first match wins (none when the environment sets
-    ``TBE_LIKE_TUNED=0``: every build then uses the untuned templates)."""
+    ``TBE_LIKE_TUNED=0``: every build then uses the untuned templates): ``$TBE_LIKE_RECORDS``,
+    the user's (``tbe-like tune``), measured selection's of this code
+    (:func:`measured_records_dir`), the package's."""
     if os.environ.get(TUNED_ENV, "1") == "0":
         return []
     dirs = []
     if os.environ.get(RECORDS_ENV):
         dirs.append(Path(os.environ[RECORDS_ENV]))
-    dirs += [cache_dir() / "records", SHIPPED_RECORDS]
+    dirs += [cache_dir() / "records", measured_records_dir(), SHIPPED_RECORDS]
     return dirs
+
+
+def measured_records_dir() -> Path:
+    """Where measured selection keeps its records: a folder of the code's fingerprint
+    (``cache.code_fingerprint``, as the kernel cache keys kernels). A selection is a timing of
+    the rules' candidates and forms as they were: kept beside the user's tuning records, it
+    outlived the rules it timed, and a kernel built before a form existed replayed its old
+    choice without ever racing the new form (R(2+1)D's 921 -> 512 temporal input gradient kept
+    its packed form, 0.33 ms, against 0.25 for the col form that came later)."""
+    return cache_dir() / "records" / "measured" / code_fingerprint()[:16]
 
 
 def workload(func) -> IRModule:
@@ -636,8 +648,8 @@ def measured_schedule(func, schedule_with: Callable[[Any, Any], Any], candidates
     """Like cuDNN's benchmark mode or FFTW's planner: schedule ``func`` with each knobs value
     in ``candidates`` (``schedule_with(sch, knobs)``), compile the distinct schedules, time
     them here side by side (:func:`_race`, within ``MEASURE_SECONDS``), and store the fastest
-    as the tuning record of ``func`` for ``target`` in ``records`` (default: the user's,
-    ``<cache dir>/records``), which later builds replay (:func:`lookup`).
+    as the tuning record of ``func`` for ``target`` in ``records`` (default: this code's,
+    :func:`measured_records_dir`), which later builds replay (:func:`lookup`).
 
     ``alternatives``: other forms of the kernel whose candidates race too; the record is
     stored under the winner's own workload (its form is then the one :func:`plan` finds).
@@ -668,7 +680,7 @@ def measured_schedule(func, schedule_with: Callable[[Any, Any], Any], candidates
     ms = _ms()
     record = ms.database.TuningRecord(sch.trace, ms.database.Workload(mod), [times[best]],
                                       target, ArgInfo.from_prim_func(func))
-    replace_record(records if records is not None else cache_dir() / "records", mod, target,
+    replace_record(records if records is not None else measured_records_dir(), mod, target,
                    record, [times[best]])
     selection = Selection(name, {n: t for (n, _, _), t in zip(options, times, strict=True)},
                           time.perf_counter() - start, executables[best])
@@ -705,7 +717,7 @@ def plan(func, schedule_with: Callable[[Any, Any], Any], candidates: list, targe
         # Only records shipped with the package: tuned before the kernel had some of its
         # forms (c3d conv4b's shipped input gradient took 7.5 ms, its col form 2.1). Measured
         # selection races the record's schedule against the other forms, once: the winner
-        # goes to the user's records, which come first.
+        # goes to measured selection's records, searched before the shipped ones.
         form = forms[index]
 
         def with_record(sch, knobs, best=best, form=form):

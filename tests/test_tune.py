@@ -284,6 +284,29 @@ def test_a_tuned_record_must_beat_every_form_a_build_would_race(tmp_path, monkey
         assert "removed the stored record" in out.getvalue()
 
 
+def test_a_selection_made_by_other_code_is_not_replayed(measuring, monkeypatch):
+    """Measured selection's records are kept per code fingerprint, as kernels are: after a rule
+    changes, a build races the candidates again (a form added since is then in the race)
+    instead of replaying the old choice; the user's tuning records stay where they are."""
+    from tbe_like.cache import cache_dir
+
+    target = host_target()
+    conv = kernels.Conv3d(1, 16, 16, (2, 4, 16), (2, 4, 16), (1, 3, 3), (1, 1, 1),
+                          (0, 0, 1, 1, 1, 1), (1, 1, 1), 1)
+    graph = graph_of("grad_weight", conv, kernels.Precision("float32", "float32"))
+    func = kernels.prim_func(graph)
+    kernels.build(graph, target, measuring / "k1", "first", graph.op, {})
+    assert lookup(func, target) is not None
+    old = tune.measured_records_dir()
+    assert old.parent == cache_dir() / "records" / "measured"
+    monkeypatch.setattr(tune, "code_fingerprint", lambda: "0" * 64)  # the rules changed
+    assert tune.measured_records_dir() != old
+    assert lookup(func, target) is None
+    rebuilt = kernels.build(graph, target, measuring / "k2", "second", graph.op, {})
+    assert "selection" in rebuilt.metadata["para_dict"]  # raced again
+    assert lookup(func, target) is not None and old.is_dir()
+
+
 @pytest.mark.parametrize("kind", ["grad_weight", "grad_input"])
 def test_measured_selection_stores_the_fastest_candidate(measuring, monkeypatch, kind):
     """A build without a record times the rule's candidates here, keeps the fastest as a
@@ -312,7 +335,8 @@ def test_measured_selection_stores_the_fastest_candidate(measuring, monkeypatch,
     assert len(times) >= 2 and selection["choice"] in times
     assert times[selection["choice"]] == min(times.values())
     assert 0 < selection["seconds"] < 60
-    assert (cache_dir() / "records" / "database_tuning_record.json").is_file()
+    assert (tune.measured_records_dir() / "database_tuning_record.json").is_file()
+    assert not (cache_dir() / "records" / "database_tuning_record.json").exists()
     assert lookup(func, target) is not None
     second = kernels.build(graph, target, measuring / "k2", "second", graph.op, {})
     assert compiles == ["second"]  # the record's schedule, compiled by the build
