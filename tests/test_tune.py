@@ -287,7 +287,7 @@ def test_a_tuned_record_must_beat_every_form_a_build_would_race(tmp_path, monkey
 def test_a_selection_made_by_other_code_is_not_replayed(measuring, monkeypatch):
     """Measured selection's records are kept per code fingerprint, as kernels are: after a rule
     changes, a build races the candidates again (a form added since is then in the race)
-    instead of replaying the old choice; the user's tuning records stay where they are."""
+    instead of replaying the old choice; the old code's folder is left as it is."""
     from tbe_like.cache import cache_dir
 
     target = host_target()

@@ -64,22 +64,16 @@ def schedule_gemm(sch, block, rows, columns, reduction, n_rows: int, n_columns: 
         return
     sch.reorder(columns, rows)
     parts = [columns] if n_columns < lanes else sch.loop_partition(columns, [n_columns - tail])
-    for part in parts:
-        (gemm,) = sch.get_child_blocks(part)
+    *whole, last = [sch.get_child_blocks(part)[0] for part in parts]
+    for gemm in whole:
         columns_, rows_, reduction_ = sch.get_loops(gemm)
-        if part is not parts[-1]:
-            _schedule_tiles(sch, gemm, rows_, columns_, reduction_, n_rows,
-                            (n_columns - tail) // lanes, lanes, target, columns_first)
-            continue
-        # The last ``tail`` columns: one vector of them per tile of rows. (The loop starts
-        # where the whole vectors end, which ``split`` does not take.)
-        rows_o, rows_i = sch.split(rows_, [None, tile(n_rows, 1, vector_registers(target))[0]])
-        sch.reorder(rows_o, reduction_, rows_i, columns_)
-        parallel(sch, [rows_o], target)
-        sch.unroll(rows_i)
-        sch.vectorize(columns_)
-        init = sch.decompose_reduction(gemm, reduction_)
-        sch.vectorize(sch.get_loops(init)[-1])
+        _schedule_tiles(sch, gemm, rows_, columns_, reduction_, n_rows,
+                        (n_columns - tail) // lanes, lanes, target, columns_first)
+    # The last ``tail`` columns: one vector of them per tile of rows. (The loop starts where
+    # the whole vectors end, which ``split`` does not take.)
+    columns_, rows_, reduction_ = sch.get_loops(last)
+    rows_o, rows_i = sch.split(rows_, [None, tile(n_rows, 1, vector_registers(target))[0]])
+    _finish_tile(sch, last, [rows_o], reduction_, [rows_i], columns_, target)
 
 
 def _schedule_tiles(sch, block, rows, columns, reduction, n_rows: int, vectors: int,
@@ -90,18 +84,24 @@ def _schedule_tiles(sch, block, rows, columns, reduction, n_rows: int, vectors: 
     rows_o, rows_i = sch.split(rows, [None, rows_t])
     columns_o, columns_v, lane = sch.split(columns, [None, per_tile, lanes])
     outer = [columns_o, rows_o] if columns_first else [rows_o, columns_o]
-    sch.reorder(*outer, reduction, rows_i, columns_v, lane)
+    _finish_tile(sch, block, outer, reduction, [rows_i, columns_v], lane, target)
+
+
+def _finish_tile(sch, block, outer, reduction, unrolled, lane, target) -> None:
+    """A register tile's loop order: the ``outer`` tile loops in parallel, the whole
+    ``reduction``, the tile's ``unrolled`` loops, its vector ``lane``; its zeroing vectorized."""
+    sch.reorder(*outer, reduction, *unrolled, lane)
     parallel(sch, outer, target)
-    sch.unroll(rows_i)
-    sch.unroll(columns_v)
+    for loop in unrolled:
+        sch.unroll(loop)
     sch.vectorize(lane)
     init = sch.decompose_reduction(block, reduction)
     sch.vectorize(sch.get_loops(init)[-1])
 
 
 def schedule_im2col(sch, block, taps: int, target) -> None:
-    """x's im2col matrix of a kernel of several ``taps``, row by row (positions, then its input
-    channels in parallel), a channel's taps unrolled: element by element, each index and
+    """x's im2col matrix of a kernel of several ``taps``, row by row (the positions in parallel,
+    then their input channels), a channel's taps unrolled: element by element, each index and
     padding test a constant or a loop's. Split into tiles of 16 columns instead, every lane
     of a vector took a division by the taps and a padding test of its own: 0.44 ms for
     R(2+1)D's 98 x 2304 matrix of a (1, 3, 3) kernel, 256 channels on 2x7x7 (Zen 4)."""

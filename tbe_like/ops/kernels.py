@@ -611,7 +611,7 @@ def col_applies(conv: Conv3d, max_positions: int = COL_MAX_POSITIONS) -> bool:
     matrix within ``COL_MAX_BYTES``. The columns past the row's last whole vector are a
     narrower vector of their own (``schedules.llvm.conv3d_backprop_filter_col.schedule_gemm``):
     R(2+1)D's 921 -> 512 temporal layer on 2x4x4, 2763 columns, reads its 5.6 MB filter in
-    place instead of packing it.)"""
+    place instead of packing it."""
     positions, columns = _col_shape(conv)
     return (conv.groups == 1 and positions <= max_positions and columns >= ROWS_LANES
             and 4 * positions * _padded_columns(conv) <= COL_MAX_BYTES)
