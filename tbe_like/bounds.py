@@ -186,6 +186,8 @@ class _Checker:
             for index in node.indices:
                 self.expr(index, block)
             self.expr(node.value, block)
+        elif isinstance(node, tirx.Bind):  # a value bound to a variable (a tensor intrinsic's)
+            self.expr(node.value, block)
         elif hasattr(node, "body"):  # LetStmt, AttrStmt, allocations: their body
             self.stmt(node.body, block)
         elif isinstance(node, tirx.Evaluate):
@@ -229,6 +231,8 @@ class _Checker:
                     self.loops[var] = (int(value.min), int(value.extent))
                 else:
                     self.values[var] = value
+            for match in block.match_buffers:  # a tensorized block's view of a region
+                self.region(match.source.source, match.source.region, block.name_hint)
             if block.init is not None:
                 self.stmt(block.init, block.name_hint)
             self.stmt(block.body, block.name_hint)
@@ -271,9 +275,26 @@ class _Checker:
         bound = self.ana.const_int_bound(var)
         return bound.min_value > bound.max_value
 
+    def region(self, buffer, region, block: str) -> None:
+        """A region of ``buffer`` that a tensorized block matches to a buffer of its own
+        (``match_buffer``): every axis's range inside the buffer's shape."""
+        for axis, (r, extent) in enumerate(zip(region, buffer.ty.shape, strict=True)):
+            if not self.ana.can_prove(tirx.all(r.min >= 0, r.min + r.extent <= extent)):
+                self.problems.append(
+                    f"block {block!r} matches {buffer.name}[...] with axis {axis} range "
+                    f"[{r.min}, {r.min + r.extent}) that may leave [0, {extent})")
+                return
+
     def access(self, buffer, indices, block: str, verb: str) -> None:
-        """``buffer``: the buffer's variable (its type holds the shape)."""
+        """``buffer``: the buffer's variable (its type holds the shape). A vector index
+        (``Ramp``, a tensor intrinsic's) stays inside where its first and last lanes do."""
         for axis, (index, extent) in enumerate(zip(indices, buffer.ty.shape, strict=True)):
+            if isinstance(index, tirx.Ramp):
+                last = index.base + index.stride * (int(index.lanes) - 1)
+                in_range = tirx.all(index.base >= 0, index.base < extent, last >= 0,
+                                    last < extent)
+                if self.ana.can_prove(in_range):
+                    continue
             in_range = tirx.all(index >= 0, index < extent)
             if not (self.ana.can_prove(in_range) or self._divided(in_range, index)
                     or _enumerated(index, extent, self.facts, self.loops, self.values)):
@@ -415,6 +436,8 @@ def _children(node) -> list:
         return [node.a]
     if isinstance(node, tirx.Ramp):
         return [node.base, node.stride]
+    if isinstance(node, tirx.Shuffle):
+        return [*node.vectors, *node.indices]
     if isinstance(node, tirx.Broadcast):
         return [node.value]
     if isinstance(node, tirx.Let):

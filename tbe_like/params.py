@@ -382,12 +382,14 @@ FILTER_COL_OP = "conv3d_backprop_filter_col"
 class ColFilterParams:
     """The sizes of a GEMM weight gradient (``FILTER_COL_OP``): ``dW[co, f]`` over
     ``positions`` (N*Do*Ho*Wo) rows, ``f`` the ``columns`` = Cin*kd*kh*kw of a filter, ``taps``
-    = kd*kh*kw of them per input channel."""
+    = kd*kh*kw of them per input channel; ``images``: where the im2col matrix is x transposed
+    (a pointwise layer of stride 1, x seen as (N, Cin, P)), its N, else 0."""
 
     cout: int
     columns: int
     positions: int
     taps: int = 1
+    images: int = 0
 
 
 # The framework operators' input gradient of a layer of few positions as one GEMM into the

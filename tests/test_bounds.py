@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from tbe_like._tvm import IRModule, s_tir, structural_walk, te, tirx
+from tbe_like._tvm import IRModule, T, s_tir, structural_walk, te, tirx
 from tbe_like.bounds import OutOfBoundsError, check_bounds, compile_checked
 from tbe_like.target import host_target
 
@@ -168,3 +168,72 @@ def test_a_padded_stage_past_32_bit_indices_gets_64_bit_indices():
     assert _index_dtypes(kernels.prim_func(graph)) == {"int64"}
 
 
+
+
+def _tiles_of(rows: int, start):
+    """A (rows, 16) buffer read by two 16 x 16 tiles at rows ``start(t)``, t = 0, 1, matched
+    as a tensor intrinsic's block does (``match_buffer``), row 15 of each copied with vector
+    accesses (``Ramp``) bound to a variable (``Bind``)."""
+    @T.prim_func(s_tir=True)
+    def func(a: T.Buffer((rows, 16), "float32"), b: T.Buffer((2, 16), "float32")):
+        for t in range(2):
+            with T.sblock("tile"):
+                vt = T.axis.spatial(2, t)
+                T.reads(a[start(vt):start(vt) + 16, 0:16])
+                T.writes(b[vt, 0:16])
+                A = T.match_buffer(a[start(vt):start(vt) + 16, 0:16], (16, 16),  # noqa: F841
+                                   offset_factor=1)
+                B = T.match_buffer(b[vt, 0:16], (16,), offset_factor=1)  # noqa: F841
+                T.evaluate(0)
+
+    block = func.body.block.body.body.block
+    src, dst = block.match_buffers[0].buffer, block.match_buffers[1].buffer
+    row = tirx.Var("row", "float32x16")
+    body = tirx.SeqStmt([
+        tirx.Bind(row, tirx.BufferLoad(src, [tirx.const(15, "int32"), tirx.Ramp(0, 1, 16)])),
+        tirx.BufferStore(dst, row, [tirx.Ramp(0, 1, 16)])])
+    return func, block, body
+
+
+def _with_body(func, block, body):
+    new = s_tir.SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, body,
+                       block.init, block.alloc_buffers, block.match_buffers, block.annotations)
+    loop = func.body.block.body
+    realize = loop.body
+    loop = tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind,
+                    s_tir.SBlockRealize(realize.iter_values, realize.predicate, new))
+    root = func.body.block
+    root = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, loop)
+    return func.with_body(s_tir.SBlockRealize([], tirx.const(True, "bool"), root))
+
+
+def test_a_tensor_intrinsics_tiles_and_vectors_are_proven():
+    """A tile matched inside its buffer, read and written by whole vectors: in bounds."""
+    func, block, body = _tiles_of(32, lambda t: t * 16)
+    assert check_bounds(_with_body(func, block, body)) == []
+
+
+def test_a_tile_matched_past_the_end_is_found():
+    func, block, body = _tiles_of(20, lambda t: t * 8)  # the second tile: rows 8 to 24 of 20
+    (problem,) = check_bounds(_with_body(func, block, body))
+    assert problem.startswith("block 'tile' matches a[...] with axis 0 range")
+
+
+def test_a_vector_past_the_end_is_found():
+    func, block, body = _tiles_of(32, lambda t: t * 16)
+    row = body.seq[0].var
+    shifted = tirx.SeqStmt([body.seq[0], tirx.BufferStore(body.seq[1].buffer, row,
+                                                          [tirx.Ramp(1, 1, 16)])])
+    (problem,) = check_bounds(_with_body(func, block, shifted))
+    assert "writes B[...] with axis 0 index T.Ramp(1, 1, 16)" in problem
+
+
+def test_a_vector_read_bound_to_a_variable_is_checked():
+    func, block, body = _tiles_of(32, lambda t: t * 16)
+    row = tirx.Var("row", "float32x16")
+    src = body.seq[0].value.source
+    past = tirx.SeqStmt([
+        tirx.Bind(row, tirx.BufferLoad(src, [tirx.const(16, "int32"), tirx.Ramp(0, 1, 16)])),
+        tirx.BufferStore(body.seq[1].buffer, row, [tirx.Ramp(0, 1, 16)])])
+    (problem,) = check_bounds(_with_body(func, block, past))
+    assert "reads A[...] with axis 0 index 16" in problem

@@ -13,9 +13,10 @@ import pytest
 from conftest import NP_DTYPES, RTOL, conv3d, misaligned, run_form
 from tbe_like.schedules.common import HEURISTIC_LANES, Heuristic
 from tbe_like.schedules.llvm.conv3d_backprop_filter_col import tile
+from tbe_like.schedules.llvm.transpose import TILE_LANES, tile_lanes, transpose_tiles
 
 from tbe_like import bounds, ops, stages
-from tbe_like._tvm import IRModule, Target, s_tir, structural_walk, tirx
+from tbe_like._tvm import IRModule, Target, s_tir, structural_walk, te, tirx, tvm
 from tbe_like.bounds import compile_checked
 from tbe_like.kernel import Kernel
 from tbe_like.lowering import align_params, param_alignment, prepare
@@ -51,6 +52,16 @@ CASES = {  # (conv, dtype)
     "odd-columns-k133": (conv3d(2, 5, (1, 3, 5), 12, (1, 3, 3), pad=(0, 1, 1)), "float32"),
     "odd-columns-pointwise-bfloat16": (conv3d(1, 17, (2, 3, 3), 9, (1, 1, 1), pad=0),
                                        "bfloat16"),
+    # x transposed in register tiles (``schedules.llvm.transpose``): 105 positions per image
+    # (a tail of 1 or 9 past the whole tiles) in a batch of 2, 24 channels (8-lane tiles at
+    # either width); 30 positions in bfloat16 (16-lane tiles where the width has them); 20
+    # channels in float16 (4-lane tiles); 3 positions (no whole tile).
+    "pointwise-transposed-batch2": (conv3d(2, 24, (3, 5, 7), 40, (1, 1, 1), pad=0), "float32"),
+    "pointwise-transposed-bfloat16": (conv3d(1, 32, (2, 3, 5), 16, (1, 1, 1), pad=0),
+                                      "bfloat16"),
+    "pointwise-transposed-float16": (conv3d(1, 20, (1, 4, 5), 8, (1, 1, 1), pad=0), "float16"),
+    "pointwise-transposed-3-positions": (conv3d(1, 16, (1, 1, 3), 8, (1, 1, 1), pad=0),
+                                         "float32"),
 }
 
 
@@ -387,3 +398,61 @@ def test_the_im2col_matrix_is_copied_in_tiles(monkeypatch, parallel_from, lanes)
         dw = run_form(graph, lanes, (x, dy))
         np.testing.assert_allclose(dw, dw_want, rtol=0,
                                    atol=RTOL["float32"] * np.abs(dw_want).max())
+
+
+def _shuffles(mod) -> int:
+    found = []
+    structural_walk(mod["main"].body, [(tirx.Shuffle, found.append)])
+    return len(found)
+
+
+@pytest.mark.parametrize("panel", [0, 1])
+@pytest.mark.parametrize("lanes", TILE_LANES)
+def test_a_transposing_copy_in_register_tiles(lanes, panel):
+    """``schedules.llvm.transpose``: dst[n, p, f] = src[n, f, p] for 2 images of 52 positions
+    (whole tiles, then a tail of 4 or none) by 40 columns (tiles of the widest of 16, 8, 4
+    lanes up to ``lanes`` that divides them), in panels of 40 columns or none, under the
+    bounds proof, equal to NumPy's transpose; tiles of float32 shuffled, none gathered."""
+    images, positions, columns = 2, 52, 40
+    src = te.placeholder((images, columns, positions), name="src")
+    dst = te.compute((images, positions, columns), lambda n, p, f: src[n, f, p], name="dst")
+    out = te.compute((images, positions, columns), lambda *i: dst[i] + 0.0, name="out")
+    sch = s_tir.Schedule(IRModule({"main": te.create_prim_func([src, out])}))
+    width = tile_lanes(columns, lanes)
+    assert width == min(lanes, 8)
+    transpose_tiles(sch, sch.get_sblock("dst"), width, TARGET, columns if panel else 0)
+    assert _shuffles(sch.mod) > 0
+    a = np.random.default_rng(3).standard_normal((images, columns, positions), np.float32)
+    got = tvm.runtime.empty((images, positions, columns), "float32")
+    compile_checked(sch.mod, TARGET)["main"](tvm.runtime.tensor(a), got)
+    np.testing.assert_array_equal(got.numpy(), a.transpose(0, 2, 1))
+    fresh = s_tir.Schedule(IRModule({"main": te.create_prim_func([src, out])}))
+    with pytest.raises(ValueError, match="tiles of 40 columns"):
+        transpose_tiles(fresh, fresh.get_sblock("dst"), 16, TARGET)
+
+
+@pytest.mark.parametrize("lanes", HEURISTIC_LANES)
+def test_x_of_few_channels_is_transposed_in_register_tiles(lanes):
+    """A stride-1 pointwise layer's weight gradient reads x transposed, copied in tiles
+    transposed in registers: at any filter row of whole 4-lane tiles (8 input channels,
+    fewer than a vector: the GEMM is its narrower tail alone), not for 16-bit floats (gathered)
+    or 3 positions (no whole tile)."""
+    prec = kernels.Precision("float32", "float32")
+    few = conv3d(1, 8, (4, 6, 10), 32, (1, 1, 1), pad=0)
+    assert kernels.weight_col_applies(few) and not kernels.col_applies(few)
+    assert not kernels.weight_col_applies(conv3d(1, 6, (4, 6, 10), 32, (1, 1, 1), pad=0))
+    for conv, dtype, shuffled in ((few, "float32", True),
+                                  (CASES["pointwise-transposed-float16"][0], "float16", False),
+                                  (CASES["pointwise-transposed-3-positions"][0], "float32",
+                                   False)):
+        graph = kernels.grad_weight_col(conv, kernels.Precision.on(TARGET, dtype, dtype))
+        sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})),
+                               graph, TARGET, Heuristic(lanes))
+        assert (_shuffles(sch.mod) > 0) == shuffled, (conv, dtype)
+    rng = np.random.default_rng(17)
+    x = rng.standard_normal(few.x_shape).astype(np.float32)
+    w = rng.standard_normal(few.w_shape).astype(np.float32)
+    dy = rng.standard_normal(few.y_shape).astype(np.float32)
+    _, dw_want = _gradients(few, x, w, dy)
+    dw = run_form(kernels.grad_weight_col(few, prec), lanes, (x, dy))
+    np.testing.assert_allclose(dw, dw_want, rtol=0, atol=RTOL["float32"] * np.abs(dw_want).max())

@@ -618,20 +618,34 @@ def col_applies(conv: Conv3d, max_positions: int = COL_MAX_POSITIONS) -> bool:
 
 
 def _padded_columns(conv: Conv3d) -> int:
-    """The columns of the weight gradient's im2col matrix: a pointwise layer's (x transposed,
-    copied a tile of 16 columns at a time: ``schedules.common.transpose_in_tiles``) rounded up
-    to whole vectors (``ROWS_LANES``), zeros past its end; a filter row of several taps (copied
-    row by row) as it is."""
+    """The columns of the weight gradient's im2col matrix: a strided pointwise layer's (the
+    positions it reads, copied a tile of 16 columns at a time:
+    ``schedules.common.transpose_in_tiles``) rounded up to whole vectors (``ROWS_LANES``),
+    zeros past its end; a filter row of several taps (copied row by row) and x transposed
+    (:func:`_transposes_x`) as they are."""
     columns = _col_shape(conv)[1]
-    if math.prod(conv.kernel) > 1:
+    if math.prod(conv.kernel) > 1 or _transposes_x(conv):
         return columns
     return -(-columns // ROWS_LANES) * ROWS_LANES
+
+
+def _transposes_x(conv: Conv3d) -> bool:
+    """Whether the weight gradient's im2col matrix of ``conv`` is x transposed: a pointwise
+    layer of stride 1 without padding, its rows x's positions as they lie, of input channels
+    that tiles of 4 x 4 or more divide (``schedules.llvm.transpose.tile_lanes``)."""
+    return (tuple(conv.kernel) == (1, 1, 1) and tuple(conv.strides) == (1, 1, 1)
+            and not any(conv.pads) and conv.cin % 4 == 0)
 
 
 def weight_col_applies(conv: Conv3d) -> bool:
     """Whether ``grad_weight_col`` builds ``conv``'s weight gradient: where
     :func:`col_applies`, at any number of positions (``COL_MAX_POINTWISE_POSITIONS``) for a
-    pointwise layer."""
+    pointwise layer, and at any filter row where x transposed is the im2col matrix
+    (:func:`_transposes_x`: 8 input channels are one 8-lane tile wide, a GEMM of one
+    narrower vector per row tile)."""
+    if _transposes_x(conv):
+        positions, columns = _col_shape(conv)
+        return conv.groups == 1 and 4 * positions * columns <= COL_MAX_BYTES
     pointwise = tuple(conv.kernel) == (1, 1, 1)
     return col_applies(conv, COL_MAX_POINTWISE_POSITIONS if pointwise else COL_MAX_POSITIONS)
 
@@ -693,15 +707,61 @@ def grad_weight_col(conv: Conv3d, prec: Precision,
     written twice and read once more. With those axes fused into the vector axis, TVM left
     part of the accesses element by element.)
     """
-    x = _placeholder(conv.x_shape, names[0], prec.dtype)
-    dy = _placeholder(conv.y_shape, names[1], prec.dtype)
     convert = prec.convert()
+    positions, columns = _col_shape(conv)
+    if _transposes_x(conv):
+        # x and dy seen as (N, C, P) (``Graph.arg_shapes``): the im2col matrix is x
+        # transposed, (N, P, Cin), which the schedule copies in tiles transposed in registers
+        # (``schedules.llvm.transpose``); the GEMM sums over (n, p).
+        per_image = math.prod(conv.in_spatial)
+        x = _placeholder((conv.batch, conv.cin, per_image), names[0], prec.dtype)
+        dy = _placeholder((conv.batch, conv.cout, per_image), names[1], prec.dtype)
+        xcol = te.compute((conv.batch, per_image, columns), lambda n, p, f: x[n, f, p],
+                          name=stages.DW_COL_X, tag=stages.tag(FILTER_COL_OP, "x"))
+        rn = te.reduce_axis((0, conv.batch), name="n")
+        rp = te.reduce_axis((0, per_image), name="p")
+
+        def body(co, f):
+            left_ = convert(dy[rn, co, rp]).astype(ACC_DTYPE)
+            return te.sum(left_ * convert(xcol[rn, rp, f]).astype(ACC_DTYPE), axis=[rn, rp])
+
+        images, arg_shapes = conv.batch, (conv.x_shape, conv.y_shape, conv.w_shape)
+    else:
+        x = _placeholder(conv.x_shape, names[0], prec.dtype)
+        dy = _placeholder(conv.y_shape, names[1], prec.dtype)
+        xcol = _im2col(conv, x, prec.dtype)
+        rm = te.reduce_axis((0, positions), name="m")
+
+        def body(co, f):
+            n, od, oh, ow = _col_position(conv, rm)
+            left_ = convert(dy[n, co, od, oh, ow]).astype(ACC_DTYPE)
+            return te.sum(left_ * convert(xcol[rm, f]).astype(ACC_DTYPE), axis=[rm])
+
+        images, arg_shapes = 0, (None, None, conv.w_shape)
+
+    # (Cout, Cin*kd*kh*kw): 2-D, so that a vector of columns is one contiguous access (with
+    # five axes fused, TVM left part of the loads and stores element by element), written
+    # through a view of the user's OIDHW array (``Graph.arg_shapes``).
+    acc = te.compute((conv.cout, columns), body, name=stages.DW_COL,
+                     tag=stages.tag(FILTER_COL_OP, "gemm"))
+    out = acc
+    if prec.dtype != ACC_DTYPE:
+        out = te.compute(acc.shape, lambda co, f: acc[co, f].astype(prec.dtype),
+                         name=stages.DW_COL_CAST, tag=stages.tag(FILTER_COL_OP, "cast"))
+    p = ColFilterParams(conv.cout, columns, positions, math.prod(conv.kernel), images)
+    return Graph(FILTER_COL_OP, p, [x, dy], out, ["NCDHW", "NCDHW", "NCDHW"],
+                 flops=conv.flops(), arg_shapes=arg_shapes)
+
+
+def _im2col(conv: Conv3d, x: te.Tensor, dtype: str) -> te.Tensor:
+    """x's im2col matrix (``stages.DW_COL_X``): a row per position of dy, a column per filter
+    cell, zeros where the filter reads padding and past the filter row's end (a pointwise
+    layer's row rounded up to whole vectors, :func:`_padded_columns`)."""
     (sd, sh, sw), (dd, dh, dw) = conv.strides, conv.dilations
     front, top, left = conv.pads[0], conv.pads[2], conv.pads[4]
     positions, columns = _col_shape(conv)
-    zero = tirx.const(0, prec.dtype)
+    zero = tirx.const(0, dtype)
     in_d, in_h, in_w = conv.in_spatial
-
     padded = _padded_columns(conv)
 
     def col_body(m, f):
@@ -716,27 +776,8 @@ def grad_weight_col(conv: Conv3d, prec: Precision,
                                            tirx.max(tirx.min(h, in_h - 1), 0),
                                            tirx.max(tirx.min(w, in_w - 1), 0)], zero)
 
-    xcol = te.compute((positions, padded), col_body, name=stages.DW_COL_X,
+    return te.compute((positions, padded), col_body, name=stages.DW_COL_X,
                       tag=stages.tag(FILTER_COL_OP, "x"))
-    rm = te.reduce_axis((0, positions), name="m")
-
-    def body(co, f):
-        n, od, oh, ow = _col_position(conv, rm)
-        left_ = convert(dy[n, co, od, oh, ow]).astype(ACC_DTYPE)
-        return te.sum(left_ * convert(xcol[rm, f]).astype(ACC_DTYPE), axis=[rm])
-
-    # (Cout, Cin*kd*kh*kw): 2-D, so that a vector of columns is one contiguous access (with
-    # five axes fused, TVM left part of the loads and stores element by element), written
-    # through a view of the user's OIDHW array (``Graph.arg_shapes``).
-    acc = te.compute((conv.cout, columns), body, name=stages.DW_COL,
-                     tag=stages.tag(FILTER_COL_OP, "gemm"))
-    out = acc
-    if prec.dtype != ACC_DTYPE:
-        out = te.compute(acc.shape, lambda co, f: acc[co, f].astype(prec.dtype),
-                         name=stages.DW_COL_CAST, tag=stages.tag(FILTER_COL_OP, "cast"))
-    p = ColFilterParams(conv.cout, columns, positions, math.prod(conv.kernel))
-    return Graph(FILTER_COL_OP, p, [x, dy], out, ["NCDHW", "NCDHW", "NCDHW"],
-                 flops=conv.flops(), arg_shapes=(None, None, conv.w_shape))
 
 
 def grad_input_col(conv: Conv3d, prec: Precision,
