@@ -65,21 +65,9 @@ def _funcs(dtype: str, lanes: int):
                     vi, vj = T.axis.remap("SS", [i, j])
                     B[vi, vj] = A[vj, vi]
 
-    @T.prim_func(s_tir=True)
-    def shell(a: T.handle, b: T.handle) -> None:
-        sa = T.int32()
-        sb = T.int32()
-        A = T.match_buffer(a, (lanes, lanes), dtype, strides=[sa, 1], offset_factor=1,
-                           align=align)
-        B = T.match_buffer(b, (lanes, lanes), dtype, strides=[sb, 1], offset_factor=1,
-                           align=align)
-        with T.sblock("root"):
-            T.reads(A[0:lanes, 0:lanes])
-            T.writes(B[0:lanes, 0:lanes])
-            T.evaluate(0)
-
-    # The body is made here rather than in TVMScript: one variable per row and round.
-    root = shell.body.block
+    # The impl: desc's signature and root block around a body made here rather than in
+    # TVMScript (one variable per row and round).
+    root = desc.body.block
     src, dst = root.reads[0].source, root.writes[0].source
     vector = f"{dtype}x{lanes}"
     whole = tirx.Ramp(0, 1, lanes)
@@ -100,7 +88,7 @@ def _funcs(dtype: str, lanes: int):
     stores = [tirx.BufferStore(dst, rows[k], [tirx.const(k, "int32"), whole])
               for k in range(lanes)]
     block = s_tir.SBlock([], root.reads, root.writes, "root", tirx.SeqStmt(binds + stores))
-    impl = shell.with_body(s_tir.SBlockRealize([], tirx.const(True, "bool"), block))
+    impl = desc.with_body(s_tir.SBlockRealize([], tirx.const(True, "bool"), block))
     return desc, impl
 
 
@@ -143,13 +131,13 @@ def transpose_tiles(sch, block, lanes: int, target, panel: int = 0) -> None:
     """Schedule ``block``, ``dst[n, p, f] = src[n, f, p]`` (x of a pointwise layer seen as (N,
     Cin, P), transposed into its im2col matrix), in tiles of ``lanes`` positions x ``lanes``
     channels transposed in registers (:func:`transpose_intrinsic`; ``lanes`` must divide the
-    channels, :func:`tile_lanes`), the tiles of an image in parallel, channel tiles outer (the
-    order of the GEMM's column panels that read them). The positions past the last whole tile
-    are copied element by element. ``panel``: the destination is kept in panels of that many
+    channels, :func:`tile_lanes`) in parallel, image by image, channel tiles outer (the order
+    of the GEMM's column panels that read them). The positions past the last whole tile are
+    copied element by element. ``panel``: the destination is kept in panels of that many
     columns, ``(f // panel, n, p, f % panel)`` (a multiple of ``lanes``)."""
     n, p, f = sch.get_loops(block)
-    # The positions outermost: loop_partition bound a loop outside the one it cuts to 0 in the
-    # blocks it made (batch 2: the second image's columns never written).
+    # The positions outermost: cut by loop_partition under the loop over the images, the tiles
+    # of the second of 2 images were never written.
     sch.reorder(p, n)
     positions, columns = int(sch.get(p).extent), int(sch.get(f).extent)
     if columns % lanes or (panel and (panel % lanes or columns % panel)):
