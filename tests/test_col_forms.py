@@ -406,24 +406,26 @@ def _shuffles(mod) -> int:
     return len(found)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("panel", [0, 1])
 @pytest.mark.parametrize("lanes", TILE_LANES)
-def test_a_transposing_copy_in_register_tiles(lanes, panel):
+def test_a_transposing_copy_in_register_tiles(lanes, panel, dtype):
     """``schedules.llvm.transpose``: dst[n, p, f] = src[n, f, p] for 2 images of 52 positions
     (whole tiles, then a tail of 4 or none) by 40 columns (tiles of the widest of 16, 8, 4
-    lanes up to ``lanes`` that divides them), in panels of 40 columns or none, under the
-    bounds proof, equal to NumPy's transpose; tiles of float32 shuffled, none gathered."""
+    lanes up to ``lanes`` that divides them), in panels of 40 columns or none, float32 and
+    bfloat16, under the bounds proof, equal to NumPy's transpose."""
     images, positions, columns = 2, 52, 40
-    src = te.placeholder((images, columns, positions), name="src")
+    src = te.placeholder((images, columns, positions), name="src", dtype=dtype)
     dst = te.compute((images, positions, columns), lambda n, p, f: src[n, f, p], name="dst")
-    out = te.compute((images, positions, columns), lambda *i: dst[i] + 0.0, name="out")
+    out = te.compute((images, positions, columns), lambda *i: dst[i], name="out")
     sch = s_tir.Schedule(IRModule({"main": te.create_prim_func([src, out])}))
     width = tile_lanes(columns, lanes)
     assert width == min(lanes, 8)
     transpose_tiles(sch, sch.get_sblock("dst"), width, TARGET, columns if panel else 0)
     assert _shuffles(sch.mod) > 0
     a = np.random.default_rng(3).standard_normal((images, columns, positions), np.float32)
-    got = tvm.runtime.empty((images, positions, columns), "float32")
+    a = a.astype(NP_DTYPES[dtype])
+    got = tvm.runtime.empty((images, positions, columns), dtype)
     compile_checked(sch.mod, TARGET)["main"](tvm.runtime.tensor(a), got)
     np.testing.assert_array_equal(got.numpy(), a.transpose(0, 2, 1))
     fresh = s_tir.Schedule(IRModule({"main": te.create_prim_func([src, out])}))
@@ -435,14 +437,16 @@ def test_a_transposing_copy_in_register_tiles(lanes, panel):
 def test_x_of_few_channels_is_transposed_in_register_tiles(lanes):
     """A stride-1 pointwise layer's weight gradient reads x transposed, copied in tiles
     transposed in registers: at any filter row of whole 4-lane tiles (8 input channels,
-    fewer than a vector: the GEMM is its narrower tail alone), not for 16-bit floats (gathered)
-    or 3 positions (no whole tile)."""
+    fewer than a vector: the GEMM is its narrower tail alone), 16-bit floats too (moved as
+    16-bit integers), not on 3 positions (no whole tile)."""
     prec = kernels.Precision("float32", "float32")
     few = conv3d(1, 8, (4, 6, 10), 32, (1, 1, 1), pad=0)
     assert kernels.weight_col_applies(few) and not kernels.col_applies(few)
     assert not kernels.weight_col_applies(conv3d(1, 6, (4, 6, 10), 32, (1, 1, 1), pad=0))
     for conv, dtype, shuffled in ((few, "float32", True),
-                                  (CASES["pointwise-transposed-float16"][0], "float16", False),
+                                  (CASES["pointwise-transposed-float16"][0], "float16", True),
+                                  (CASES["pointwise-transposed-bfloat16"][0], "bfloat16",
+                                   True),
                                   (CASES["pointwise-transposed-3-positions"][0], "float32",
                                    False)):
         graph = kernels.grad_weight_col(conv, kernels.Precision.on(TARGET, dtype, dtype))

@@ -23,10 +23,8 @@ from ..common import parallel
 
 # Lanes of a tile, by the vector width it is made for.
 TILE_LANES = (4, 8, 16)
-# The element types whose tiles are transposed by shuffles. (TVM's lowering of 16-bit floats
-# for the CPU retypes a bfloat16 vector's value and not the variable it is bound to, and the
-# build fails: those tiles are gathered.)
-SHUFFLED = ("float32",)
+# The element types of the tiles (16-bit floats are moved as 16-bit integers).
+SHUFFLED = ("float32", "float16", "bfloat16")
 
 
 def _round(lanes: int, bit: int) -> list[list[int]]:
@@ -69,24 +67,27 @@ def _funcs(dtype: str, lanes: int):
     # TVMScript (one variable per row and round).
     root = desc.body.block
     src, dst = root.reads[0].source, root.writes[0].source
-    vector = f"{dtype}x{lanes}"
+    # The rows are moved as unsigned integers of the element's width: TVM's lowering of
+    # bfloat16 for the CPU retypes a vector's value and not the variable bound to it.
+    bits = f"uint{tvm.runtime.DataType(dtype).bits}x{lanes}"
     whole = tirx.Ramp(0, 1, lanes)
     binds, rows = [], []
     for k in range(lanes):
-        row = tirx.Var(f"row{k}", vector)
-        binds.append(tirx.Bind(row, tirx.BufferLoad(src, [tirx.const(k, "int32"), whole])))
+        row = tirx.Var(f"row{k}", bits)
+        load = tirx.BufferLoad(src, [tirx.const(k, "int32"), whole])
+        binds.append(tirx.Bind(row, tirx.reinterpret(bits, load)))
         rows.append(row)
     bit, step = lanes // 2, 0
     while bit:
         swapped = []
         for k, lanes_k in enumerate(_round(lanes, bit)):
-            row = tirx.Var(f"round{step}_{k}", vector)
+            row = tirx.Var(f"round{step}_{k}", bits)
             binds.append(tirx.Bind(row, tirx.Shuffle(
                 [rows[k], rows[k ^ bit]], [tirx.const(i, "int32") for i in lanes_k])))
             swapped.append(row)
         rows, bit, step = swapped, bit // 2, step + 1
-    stores = [tirx.BufferStore(dst, rows[k], [tirx.const(k, "int32"), whole])
-              for k in range(lanes)]
+    stores = [tirx.BufferStore(dst, tirx.reinterpret(f"{dtype}x{lanes}", rows[k]),
+                               [tirx.const(k, "int32"), whole]) for k in range(lanes)]
     block = s_tir.SBlock([], root.reads, root.writes, "root", tirx.SeqStmt(binds + stores))
     impl = desc.with_body(s_tir.SBlockRealize([], tirx.const(True, "bool"), block))
     return desc, impl
@@ -157,8 +158,4 @@ def transpose_tiles(sch, block, lanes: int, target, panel: int = 0) -> None:
     f_o, f_i = sch.split(f, [None, lanes])
     sch.reorder(n, f_o, p_o, p_i, f_i)
     parallel(sch, [n, f_o, p_o], target)
-    if dtype in SHUFFLED:
-        sch.tensorize(p_i, transpose_intrinsic(dtype, lanes))
-    else:  # each vector of the tile gathered from the rows of src
-        sch.unroll(p_i)
-        sch.vectorize(f_i)
+    sch.tensorize(p_i, transpose_intrinsic(dtype, lanes))
