@@ -401,13 +401,15 @@ INPUT_COL_OP = "conv3d_backprop_input_col"
 class ColInputParams:
     """The sizes of a GEMM input gradient (``INPUT_COL_OP``): ``cols[m, f]`` over ``cout``
     channels, ``positions`` (N*Do*Ho*Wo) rows, ``columns`` = Cin*kd*kh*kw; dX's spatial
-    extent ``(D, H, W)`` and the layer's ``strides``."""
+    extent ``(D, H, W)`` and the layer's ``strides``; ``images``: where dX is ``cols``
+    transposed (a pointwise layer of stride 1, dX seen as (N, Cin, P)), its N, else 0."""
 
     cout: int
     columns: int
     positions: int
     in_spatial: tuple[int, int, int]
     strides: tuple[int, int, int]
+    images: int = 0
 
 
 # The framework operators' input gradient of a layer of few input channels, one stride phase of

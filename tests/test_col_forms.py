@@ -62,6 +62,10 @@ CASES = {  # (conv, dtype)
     "pointwise-transposed-float16": (conv3d(1, 20, (1, 4, 5), 8, (1, 1, 1), pad=0), "float16"),
     "pointwise-transposed-3-positions": (conv3d(1, 16, (1, 1, 3), 8, (1, 1, 1), pad=0),
                                          "float32"),
+    # dX transposed in register tiles too (positions a multiple of 4): 48 per image in a batch
+    # of 2, 24 channels (a tail of 8 past a 16-lane tile); 20 in float16.
+    "pointwise-transposed-dx-batch2": (conv3d(2, 24, (2, 4, 6), 40, (1, 1, 1), pad=0),
+                                       "float32"),
 }
 
 
@@ -180,12 +184,15 @@ def test_only_layers_of_few_positions_have_the_forms():
 def test_a_pointwise_weight_gradient_has_the_form_at_any_number_of_positions():
     """A 1x1x1 layer's im2col matrix repeats no tap: its weight gradient has the GEMM form on
     maps of any size, within the matrix's byte limit; so has a strided one's input gradient
-    (its dX is one stride phase of the GEMM's result), not a stride-1 one's."""
+    (its dX is one stride phase of the GEMM's result), and a stride-1 one's where its dX is
+    the GEMM's result transposed in tiles (positions a multiple of 4; else at most 256)."""
     prec = kernels.Precision("float32", "float32")
     shortcut = conv3d(1, 32, (8, 14, 14), 48, (1, 1, 1), stride=(1, 2, 2), pad=0)  # 392
     plain = conv3d(1, 32, (8, 14, 14), 48, (1, 1, 1), pad=0)  # 1568 positions, stride 1
+    odd = conv3d(1, 32, (3, 9, 11), 48, (1, 1, 1), pad=0)  # 297 positions, stride 1
     for conv, kind, has in ((shortcut, "grad_weight", True), (shortcut, "grad_input", True),
-                            (plain, "grad_weight", True), (plain, "grad_input", False)):
+                            (plain, "grad_weight", True), (plain, "grad_input", True),
+                            (odd, "grad_input", False)):
         forms = _other_forms(graph_of(kind, conv, prec, target=TARGET), kind, conv, prec,
                              False, TARGET)
         assert ("col" in forms) == has, (conv, kind)
@@ -460,3 +467,19 @@ def test_x_of_few_channels_is_transposed_in_register_tiles(lanes):
     _, dw_want = _gradients(few, x, w, dy)
     dw = run_form(kernels.grad_weight_col(few, prec), lanes, (x, dy))
     np.testing.assert_allclose(dw, dw_want, rtol=0, atol=RTOL["float32"] * np.abs(dw_want).max())
+
+
+@pytest.mark.parametrize("lanes", HEURISTIC_LANES)
+def test_dx_of_a_pointwise_layer_is_the_gemm_transposed_in_register_tiles(lanes):
+    """The col input gradient of a stride-1 pointwise layer of positions a multiple of 4 is
+    its GEMM's result (positions x input channels) transposed into dX in register tiles (its
+    values: ``test_every_tile_matches_reference``); not where the positions are not."""
+    prec = kernels.Precision("float32", "float32")
+    conv = CASES["pointwise-transposed-dx-batch2"][0]
+    graph = kernels.grad_input_col(conv, prec)
+    assert graph.params.images == 2 and graph.shapes()[-1] == conv.x_shape
+    sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})), graph,
+                           TARGET, Heuristic(lanes))
+    assert _shuffles(sch.mod) > 0
+    odd = kernels.grad_input_col(conv3d(1, 16, (1, 3, 5), 8, (1, 1, 1), pad=0), prec)
+    assert odd.params.images == 0

@@ -24,6 +24,7 @@ from tbe_like.params import INPUT_COL_OP, ColInputParams
 from ..common import Heuristic, block_names, knob_lanes, parallel, width_candidates
 from ..registry import register
 from .conv3d_backprop_filter_col import schedule_gemm
+from .transpose import tile_lanes, transpose_tiles
 
 
 @register(INPUT_COL_OP, "llvm", candidates=width_candidates)
@@ -33,10 +34,15 @@ def schedule(sch, p: ColInputParams, target, knobs: Heuristic | None = None):
     lanes = knob_lanes(knobs, target)
     names = block_names(sch)
     gemm = sch.get_sblock(stages.DX_COL)
-    m, f, co = sch.get_loops(gemm)
+    *rows, f, co = sch.get_loops(gemm)
+    m = sch.fuse(*rows) if len(rows) > 1 else rows[0]  # dX transposed: (n, p)
     schedule_gemm(sch, gemm, m, f, co, p.positions, p.columns, lanes, target,
                   columns_first=True)
-    schedule_positions(sch, sch.get_sblock(stages.DX_COL_RES), p, target)
+    if p.images:  # dX[n, ci, p] = cols[n, p, ci]: tiles transposed in registers
+        res = sch.get_sblock(stages.DX_COL_RES)
+        transpose_tiles(sch, res, tile_lanes(p.positions // p.images, lanes), target)
+    else:
+        schedule_positions(sch, sch.get_sblock(stages.DX_COL_RES), p, target)
     if stages.DX_COL_CAST in names:
         parallel(sch, sch.get_loops(sch.get_sblock(stages.DX_COL_CAST))[:3], target)
     return sch

@@ -654,9 +654,13 @@ def input_col_applies(conv: Conv3d) -> bool:
     """Whether ``grad_input_col`` builds ``conv``'s input gradient: where :func:`col_applies`,
     and at any number of positions for a strided pointwise layer, whose dX is its GEMM's
     result spread over one stride phase and zeros elsewhere (R(2+1)D's stride-2 64 -> 128
-    shortcut on 8x28x28, 784 positions: 0.10 ms against the packed form's 0.14, Zen 4). A
-    pointwise layer of stride 1 keeps the limit: its dX is the GEMM's result transposed, which
-    the packed and rows forms write faster."""
+    shortcut on 8x28x28, 784 positions: 0.10 ms against the packed form's 0.14, Zen 4), and
+    for a pointwise layer of stride 1 whose dX is the GEMM's result transposed in register
+    tiles (:func:`_transposes_dx`; ``cols`` within ``COL_MAX_BYTES``). Transposed element by
+    element, that dX lost to the packed and rows forms; in tiles, X3D-M's 96 -> 216 on
+    16x14x14 took 0.63 ms against their 0.86, 24 -> 54 on 16x56x56 1.00 against 1.98."""
+    if _transposes_dx(conv):
+        return 4 * conv.batch * math.prod(conv.in_spatial) * conv.cin <= COL_MAX_BYTES
     pointwise = tuple(conv.kernel) == (1, 1, 1) and math.prod(conv.strides) > 1
     return col_applies(conv, COL_MAX_POINTWISE_POSITIONS if pointwise else COL_MAX_POSITIONS)
 
@@ -794,6 +798,8 @@ def grad_input_col(conv: Conv3d, prec: Precision,
     a copy first. ``cols`` is small where positions are few.
     """
     positions, columns = _col_shape(conv)
+    if _transposes_dx(conv):
+        return _grad_input_transposed(conv, prec, names)
     dy = _placeholder(conv.y_shape, names[0], prec.dtype)
     # The user's filter seen as the (Cout, Cin*kd*kh*kw) matrix it is (``Graph.arg_shapes``).
     w = _placeholder((conv.cout, columns), names[1], prec.dtype)
@@ -838,6 +844,43 @@ def grad_input_col(conv: Conv3d, prec: Precision,
                        tuple(conv.strides))
     return Graph(INPUT_COL_OP, p, [dy, w], out, ["NCDHW", "NCDHW", "NCDHW"],
                  flops=conv.flops(), arg_shapes=(None, conv.w_shape, None))
+
+
+def _transposes_dx(conv: Conv3d) -> bool:
+    """Whether the col input gradient of ``conv`` is its GEMM's result transposed: a pointwise
+    layer of stride 1 without padding or groups, of positions that tiles of 4 x 4 or more
+    divide (``schedules.llvm.transpose.tile_lanes``)."""
+    return (tuple(conv.kernel) == (1, 1, 1) and tuple(conv.strides) == (1, 1, 1)
+            and not any(conv.pads) and conv.groups == 1
+            and math.prod(conv.in_spatial) % 4 == 0)
+
+
+def _grad_input_transposed(conv: Conv3d, prec: Precision, names) -> Graph:
+    """:func:`grad_input_col` of a pointwise layer of stride 1 (:func:`_transposes_dx`): dy
+    and dX seen as (N, C, P) (``Graph.arg_shapes``), ``cols[n, p, ci] = sum over co of
+    dy[n, co, p] * W[co, ci]``, dX its transpose, copied in tiles transposed in registers
+    (``schedules.llvm.transpose``)."""
+    per_image = math.prod(conv.in_spatial)
+    dy = _placeholder((conv.batch, conv.cout, per_image), names[0], prec.dtype)
+    w = _placeholder((conv.cout, conv.cin), names[1], prec.dtype)
+    convert = prec.convert()
+    rco = te.reduce_axis((0, conv.cout), name="co")
+    cols = te.compute(
+        (conv.batch, per_image, conv.cin),
+        lambda n, p, f: te.sum(convert(dy[n, rco, p]).astype(ACC_DTYPE)
+                               * convert(w[rco, f]).astype(ACC_DTYPE), axis=[rco]),
+        name=stages.DX_COL, tag=stages.tag(INPUT_COL_OP, "gemm"))
+    shape = (conv.batch, conv.cin, per_image)
+    acc = te.compute(shape, lambda n, c, p: cols[n, p, c], name=stages.DX_COL_RES,
+                     tag=stages.tag(INPUT_COL_OP, "res"))
+    out = acc
+    if prec.dtype != ACC_DTYPE:
+        out = te.compute(shape, lambda *i: acc[i].astype(prec.dtype), name=stages.DX_COL_CAST,
+                         tag=stages.tag(INPUT_COL_OP, "cast"))
+    p = ColInputParams(conv.cout, conv.cin, conv.batch * per_image, tuple(conv.in_spatial),
+                       tuple(conv.strides), conv.batch)
+    return Graph(INPUT_COL_OP, p, [dy, w], out, ["NCDHW", "NCDHW", "NCDHW"],
+                 flops=conv.flops(), arg_shapes=(conv.y_shape, conv.w_shape, conv.x_shape))
 
 
 # Stride phases of dX up to which its input gradient is also built phase by phase
