@@ -14,6 +14,10 @@ phase loop unrolled): within a phase a tap's ``% stride`` test is a constant, so
 never reach it fold away (of a 3x3x3 stride-2 filter's 27, a phase's positions read 1-8; R3D's
 128 -> 256 stride-2 layer on 4x14x14 1.04 -> 0.91 ms, a stride-2 1x1x1 shortcut 0.16 -> 0.10,
 Zen 4). Splitting W too wrote dX's rows every other element and was slower there.
+
+A pointwise layer of stride 1 (``ColInputParams.images``): ``cols`` is (N, P, Cin) and dX its
+transpose, copied in tiles transposed in registers (``schedules.llvm.transpose``); element by
+element, that copy had made the form lose to the packed and rows forms.
 """
 
 from __future__ import annotations

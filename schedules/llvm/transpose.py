@@ -130,7 +130,9 @@ def tile_lanes(columns: int, lanes: int) -> int:
 
 def transpose_tiles(sch, block, lanes: int, target, panel: int = 0) -> None:
     """Schedule ``block``, ``dst[n, p, f] = src[n, f, p]`` (x of a pointwise layer seen as (N,
-    Cin, P), transposed into its im2col matrix), in tiles of ``lanes`` positions x ``lanes``
+    Cin, P), transposed into its im2col matrix; or a pointwise input gradient's GEMM result,
+    (N, P, Cin), transposed into dX: then ``p`` is dX's channels, ``f`` its positions), in
+    tiles of ``lanes`` positions x ``lanes``
     channels transposed in registers (:func:`transpose_intrinsic`; ``lanes`` must divide the
     channels, :func:`tile_lanes`) in parallel, image by image, channel tiles outer (the order
     of the GEMM's column panels that read them). The positions past the last whole tile are
