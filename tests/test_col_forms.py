@@ -438,6 +438,8 @@ def test_a_transposing_copy_in_register_tiles(lanes, panel, dtype):
     fresh = s_tir.Schedule(IRModule({"main": te.create_prim_func([src, out])}))
     with pytest.raises(ValueError, match="tiles of 40 columns"):
         transpose_tiles(fresh, fresh.get_sblock("dst"), 16, TARGET)
+    with pytest.raises(ValueError, match="0-lane tiles of 40 columns"):
+        transpose_tiles(fresh, fresh.get_sblock("dst"), tile_lanes(columns, 2), TARGET)
 
 
 @pytest.mark.parametrize("lanes", HEURISTIC_LANES)

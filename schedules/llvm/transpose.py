@@ -115,11 +115,11 @@ def _whole(sch, loop, extent: int, lanes: int) -> list:
 
 
 def _point_regions(sch, block) -> None:
-    """State the regions ``block`` (``dst[n, p, f] = src[n, f, p]``) reads and writes as the
+    """State the regions ``block`` (``dst[n, r, c] = src[n, c, r]``) reads and writes as the
     one element each iteration accesses: a block that ``loop_partition`` made states its whole
     part instead, which ``tensorize`` cannot match to a tile."""
-    sch.annotate_buffer_access(block, 0, "read", lambda n, p, f: (n, f, p))
-    sch.annotate_buffer_access(block, 0, "write", lambda n, p, f: (n, p, f))
+    sch.annotate_buffer_access(block, 0, "read", lambda n, r, c: (n, c, r))
+    sch.annotate_buffer_access(block, 0, "write", lambda n, r, c: (n, r, c))
 
 
 def tile_lanes(columns: int, lanes: int) -> int:
@@ -129,35 +129,36 @@ def tile_lanes(columns: int, lanes: int) -> int:
 
 
 def transpose_tiles(sch, block, lanes: int, target, panel: int = 0) -> None:
-    """Schedule ``block``, ``dst[n, p, f] = src[n, f, p]`` (x of a pointwise layer seen as (N,
-    Cin, P), transposed into its im2col matrix; or a pointwise input gradient's GEMM result,
-    (N, P, Cin), transposed into dX: then ``p`` is dX's channels, ``f`` its positions), in
-    tiles of ``lanes`` positions x ``lanes``
-    channels transposed in registers (:func:`transpose_intrinsic`; ``lanes`` must divide the
-    channels, :func:`tile_lanes`) in parallel, image by image, channel tiles outer (the order
-    of the GEMM's column panels that read them). The positions past the last whole tile are
-    copied element by element. ``panel``: the destination is kept in panels of that many
-    columns, ``(f // panel, n, p, f % panel)`` (a multiple of ``lanes``)."""
-    n, p, f = sch.get_loops(block)
-    # The positions outermost: cut by loop_partition under the loop over the images, the tiles
-    # of the second of 2 images were never written.
-    sch.reorder(p, n)
-    positions, columns = int(sch.get(p).extent), int(sch.get(f).extent)
-    if columns % lanes or (panel and (panel % lanes or columns % panel)):
+    """Schedule ``block``, ``dst[n, r, c] = src[n, c, r]`` over ``n`` images (x of a pointwise
+    layer seen as (N, Cin, P), transposed into its im2col matrix (N, P, Cin); or a pointwise
+    input gradient's GEMM result (N, P, Cin) transposed into dX (N, Cin, P)), in tiles of
+    ``lanes`` x ``lanes`` transposed in registers (:func:`transpose_intrinsic`; ``lanes`` one
+    of :data:`TILE_LANES` that divides dst's columns, :func:`tile_lanes`), all tiles in
+    parallel, column tiles outer (the order of the GEMM's column panels that read them). The
+    rows past the last whole tile are copied element by element. ``panel``: the destination
+    is kept in panels of that many columns, ``(c // panel, n, r, c % panel)`` (a multiple of
+    ``lanes``)."""
+    n, r, c = sch.get_loops(block)
+    # The rows outermost: cut by loop_partition under the loop over the images, the tiles of
+    # the second of 2 images were never written.
+    sch.reorder(r, n)
+    rows, columns = int(sch.get(r).extent), int(sch.get(c).extent)
+    if lanes not in TILE_LANES or columns % lanes or (panel and (panel % lanes
+                                                               or columns % panel)):
         raise ValueError(f"transpose_tiles: {lanes}-lane tiles of {columns} columns in "
                          f"panels of {panel}")
     dtype = str(sch.get(block).writes[0].source.dtype)
-    whole = _whole(sch, p, positions, lanes)
+    whole = _whole(sch, r, rows, lanes)
     tile = sch.get_child_blocks(whole[0])[0] if len(whole) > 1 else block
     if len(whole) > 1:
         _point_regions(sch, tile)
     if panel:
-        sch.transform_layout(tile, ("write", 0), lambda n, p, f: (f // panel, n, p, f % panel))
-    if positions < lanes:
+        sch.transform_layout(tile, ("write", 0), lambda n, r, c: (c // panel, n, r, c % panel))
+    if rows < lanes:
         return
-    p, n, f = sch.get_loops(tile)[-3:]
-    p_o, p_i = sch.split(p, [None, lanes])
-    f_o, f_i = sch.split(f, [None, lanes])
-    sch.reorder(n, f_o, p_o, p_i, f_i)
-    parallel(sch, [n, f_o, p_o], target)
-    sch.tensorize(p_i, transpose_intrinsic(dtype, lanes))
+    r, n, c = sch.get_loops(tile)[-3:]
+    r_o, r_i = sch.split(r, [None, lanes])
+    c_o, c_i = sch.split(c, [None, lanes])
+    sch.reorder(n, c_o, r_o, r_i, c_i)
+    parallel(sch, [n, c_o, r_o], target)
+    sch.tensorize(r_i, transpose_intrinsic(dtype, lanes))

@@ -629,12 +629,18 @@ def _padded_columns(conv: Conv3d) -> int:
     return -(-columns // ROWS_LANES) * ROWS_LANES
 
 
-def _transposes_x(conv: Conv3d) -> bool:
-    """Whether the weight gradient's im2col matrix of ``conv`` is x transposed: a pointwise
-    layer of stride 1 without padding, its rows x's positions as they lie, of input channels
-    that tiles of 4 x 4 or more divide (``schedules.llvm.transpose.tile_lanes``)."""
+def _plain_pointwise(conv: Conv3d) -> bool:
+    """A pointwise layer of stride 1 without padding or groups: x, dy and dX are (N, C, P)
+    matrices as they lie, and both gradients are a GEMM and a transpose."""
     return (tuple(conv.kernel) == (1, 1, 1) and tuple(conv.strides) == (1, 1, 1)
-            and not any(conv.pads) and conv.cin % 4 == 0)
+            and not any(conv.pads) and conv.groups == 1)
+
+
+def _transposes_x(conv: Conv3d) -> bool:
+    """Whether the weight gradient's im2col matrix of ``conv`` is x transposed
+    (:func:`_plain_pointwise`), of input channels that tiles of 4 x 4 or more divide
+    (``schedules.llvm.transpose.tile_lanes``)."""
+    return _plain_pointwise(conv) and conv.cin % 4 == 0
 
 
 def weight_col_applies(conv: Conv3d) -> bool:
@@ -645,7 +651,7 @@ def weight_col_applies(conv: Conv3d) -> bool:
     narrower vector per row tile)."""
     if _transposes_x(conv):
         positions, columns = _col_shape(conv)
-        return conv.groups == 1 and 4 * positions * columns <= COL_MAX_BYTES
+        return 4 * positions * columns <= COL_MAX_BYTES
     pointwise = tuple(conv.kernel) == (1, 1, 1)
     return col_applies(conv, COL_MAX_POINTWISE_POSITIONS if pointwise else COL_MAX_POSITIONS)
 
@@ -759,8 +765,8 @@ def grad_weight_col(conv: Conv3d, prec: Precision,
 
 def _im2col(conv: Conv3d, x: te.Tensor, dtype: str) -> te.Tensor:
     """x's im2col matrix (``stages.DW_COL_X``): a row per position of dy, a column per filter
-    cell, zeros where the filter reads padding and past the filter row's end (a pointwise
-    layer's row rounded up to whole vectors, :func:`_padded_columns`)."""
+    cell, zeros where the filter reads padding and past the filter row's end (a strided
+    pointwise layer's row rounded up to whole vectors, :func:`_padded_columns`)."""
     (sd, sh, sw), (dd, dh, dw) = conv.strides, conv.dilations
     front, top, left = conv.pads[0], conv.pads[2], conv.pads[4]
     positions, columns = _col_shape(conv)
@@ -847,12 +853,10 @@ def grad_input_col(conv: Conv3d, prec: Precision,
 
 
 def _transposes_dx(conv: Conv3d) -> bool:
-    """Whether the col input gradient of ``conv`` is its GEMM's result transposed: a pointwise
-    layer of stride 1 without padding or groups, of positions that tiles of 4 x 4 or more
-    divide (``schedules.llvm.transpose.tile_lanes``)."""
-    return (tuple(conv.kernel) == (1, 1, 1) and tuple(conv.strides) == (1, 1, 1)
-            and not any(conv.pads) and conv.groups == 1
-            and math.prod(conv.in_spatial) % 4 == 0)
+    """Whether the col input gradient of ``conv`` is its GEMM's result transposed
+    (:func:`_plain_pointwise`), of positions that tiles of 4 x 4 or more divide
+    (``schedules.llvm.transpose.tile_lanes``)."""
+    return _plain_pointwise(conv) and math.prod(conv.in_spatial) % 4 == 0
 
 
 def _grad_input_transposed(conv: Conv3d, prec: Precision, names) -> Graph:
