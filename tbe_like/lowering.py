@@ -176,6 +176,8 @@ def _place_live_condition(loop):
     iteration left out): the condition is then tested once per iteration of ``loop``, outside
     every loop it does not depend on. Not where ``loop`` is unrolled or vectorized (inside a
     register tile the test is made per tile element, and LLVM left accumulators in memory)."""
+    if _is_true(loop.extent):  # one iteration: the loop around it tests, its variable fixed
+        return loop
     realizes = []
     structural_walk(loop.body, [(s_tir.SBlockRealize, realizes.append)])
     if len(realizes) != 1:

@@ -108,6 +108,28 @@ def test_the_test_stays_outside_unrolled_loops():
     assert not kinds
 
 
+def test_a_loop_of_one_iteration_leaves_the_test_to_the_loop_around_it():
+    """A loop of one iteration (a register tile of one row, unrolled) whose variable the test
+    uses hands it to the next loop out, its variable fixed at its first value: the test was
+    dropped there, and nothing skipped (every direct input gradient of one-row tiles)."""
+    sch = s_tir.Schedule(_padded_sum(live=True))
+    i, k = sch.get_loops(sch.get_sblock("s"))
+    sch.reorder(k, i)
+    _, i_1 = sch.split(i, [None, 1])  # k, i_0, i_1
+    sch.unroll(i_1)
+    tests = []
+    structural_walk(skip_padding_pass(sch.mod), [(tirx.IfThenElse,
+                                                 lambda n: tests.append(str(n.condition)))])
+    assert len(tests) == 1 and "i_0" in tests[0] and "i_1" not in tests[0], tests
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal(8).astype("float32"), rng.standard_normal(5).astype("float32")
+    out = tvm.runtime.tensor(np.zeros(8, "float32"))
+    compile_checked(sch.mod, Target({"kind": "llvm", "num-cores": 1}))["main"](
+        tvm.runtime.tensor(x), tvm.runtime.tensor(w), out)
+    want = np.convolve(np.pad(x, 2), w[::-1], mode="valid")
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-6)
+
+
 def test_only_padded_axes_of_declared_stages_are_skipped():
     """An axis not asked for, or a stage that declares no source rows, declares nothing."""
     sch = s_tir.Schedule(_padded_sum(live=False))
@@ -143,6 +165,7 @@ def test_the_rules_declare_the_padded_rows_they_read():
     Winograd) and of its few-channel rows and outer-product forms declare the padded stage's
     source rows there, every knob set; not where nothing is padded."""
     from conftest import conv3d
+    from tbe_like.schedules.llvm.conv3d_backprop_input import SKIP_SHARE, padding_share
 
     from tbe_like.ops import kernels
     from tbe_like.target import host_target
@@ -163,9 +186,14 @@ def test_the_rules_declare_the_padded_rows_they_read():
         ("dw_outer_x", "2", "1", "5", "3", "2", "12")}
     flat = conv3d(1, 16, (4, 6, 8), 16, (1, 1, 3), pad=(0, 0, 1))
     assert not _declared(kernels.grad_weight(flat, prec, unpack_cells=True), target)
-    # The input gradient skips nothing (its rule does not declare it, see there), but its
-    # padded dy says where dy lies (all of D: its border rows are blocks of their own).
-    assert not _declared(kernels.grad_input(padded, prec), target)
+    # The input gradient's direct reductions skip dy's H padding where it is a share of their
+    # steps worth a test (``padding_share``; D's border rows are blocks of their own); its
+    # padded dy says where dy lies.
+    assert padding_share(kernels.grad_input(padded, prec).params) >= SKIP_SHARE
+    assert _declared(kernels.grad_input(padded, prec), target) == {("dx_dy_pad", "3", "1", "7")}
+    tall = conv3d(1, 16, (4, 24, 8), 16, (3, 3, 3))
+    assert padding_share(kernels.grad_input(tall, prec).params) < SKIP_SHARE
+    assert not _declared(kernels.grad_input(tall, prec), target)
     for winograd, stage, h in ((False, stages.DX_DY_PAD, 3), (True, stages.DX_WINO_DY, 4)):
         graph = kernels.grad_input(padded, prec, winograd=winograd)
         rows = declared_rows(stages.stage_tensors(graph.output)[stage])

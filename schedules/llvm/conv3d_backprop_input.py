@@ -21,9 +21,10 @@ speed on a 56x56 ResNet layer). The channel blocks go inside the chunk so that a
 block; with the blocks in the parallel loop each re-read it from L3, and ResNet3D dX took
 1.16-1.25x the time in the median of interleaved rounds here (1.7x at a moment when the host's
 other tenants loaded its caches). Where (n, d, point) has too few iterations to keep every
-core busy, the blocks stay in the parallel loop. The padded dy and the flipped filter are
-materialized once (in the dense form the dilation is inlined into the padding; the Winograd
-transform of dy reads dy directly). ``dx_res`` interleaves the phases (and combines the
+core busy, the blocks stay in the parallel loop. On small maps the (row, kh tap) steps that
+read dy's H padding are skipped, tested above the tile (``padding_share``). The padded dy and
+the flipped filter are materialized once (in the dense form the dilation is inlined into the
+padding; the Winograd transform of dy reads dy directly). ``dx_res`` interleaves the phases (and combines the
 Winograd points), adds the bias and casts, vectorized over C0.
 
 Winograd (the CPU kernels of ``tbe_like.ops``): F(4,3) does 6 multiply-adds per 4 columns
@@ -222,11 +223,32 @@ def _schedule_mad(sch, name: str, knobs: Knobs | str, target) -> None:
     sch.unroll(w_i)
     sch.unroll(co_u)
     flatten_init(sch, sch.decompose_reduction(mad, a), int(sch.get(ci0).extent))
-    # (The steps whose dy row is H padding are not skipped here. As the block's predicate
-    # some tiles ran 2-3.6x slower (r3d_18 layer2.0.conv2's AVX2 tile 2.75 -> 9.96 ms: LLVM did
-    # not hoist the test out of the unrolled tile); tested above the tile
-    # (``lowering.skip_padding``, which the weight gradient uses) the same four layers moved
-    # by -8% to +10%, no gain. D's border rows have blocks of their own.)
+
+
+# The share of H steps in dy's padding from which a reduction skips them (``padding_share``).
+SKIP_SHARE = 0.08
+
+
+def padding_share(p: BackpropInputParams) -> float:
+    """The share of a reduction's (dX row, kh tap) steps along H that read dy's padding: of
+    the pairs whose tap reaches the row (its stride phase), those whose dy row lies outside
+    dy. Where it is at least ``SKIP_SHARE`` the reductions skip them, tested once per (row,
+    tap) above the register tile (``skip_padding``; LLVM does not see the zeros). Zen 4,
+    kernels alone, against not skipping: V-Net's 64-channel 5x5x5 layer on 4x4x4 maps (30%
+    of its H steps) 0.33 -> 0.26 ms, c3d conv4a (2x3x3, 22%) 1.66 -> 1.50, R(2+1)D's (1,3,3)
+    256 -> 576 on 2x7x7 (10%) 1.56 -> 1.38; on 14- to 56-row maps (5% and less) the test cost
+    what it saved (X3D's 56x56 depthwise layers 2-3% slower)."""
+    geo = p.geometry
+    size, kernel, stride = geo.in_spatial[1], geo.kernel[1], geo.strides[1]
+    dilation, pad, rows = geo.dilations[1], geo.pads_before[1], geo.out_spatial[1]
+    reached = live = 0
+    for i in range(size):
+        for a in range(kernel):
+            o, rest = divmod(i + pad - a * dilation, stride)
+            if rest == 0:
+                reached += 1
+                live += 0 <= o < rows
+    return 1 - live / reached if reached else 0.0
 
 
 def _filter_in_place(p: BackpropInputParams) -> bool:
@@ -369,6 +391,8 @@ def schedule(sch, p: BackpropInputParams, target,
     for name in names:
         if name.startswith(stages.DX_MAD):
             mad = sch.get_sblock(name)
+            if stages.DX_DY_PAD in names and padding_share(p) >= SKIP_SHARE:
+                skip_padding(sch, mad, stages.DX_DY_PAD, (3,))
             height, width, channels = _extents(sch, mad)
             blocks = int(sch.get(_mad_loops(sch, mad)[2]).extent)
             if isinstance(knobs, Heuristic) and knobs.gemm and blocks > 1:
