@@ -24,8 +24,8 @@ other tenants loaded its caches). Where (n, d, point) has too few iterations to 
 core busy, the blocks stay in the parallel loop. On small maps the (row, kh tap) steps that
 read dy's H padding are skipped, tested above the tile (``padding_share``). The padded dy and
 the flipped filter are materialized once (in the dense form the dilation is inlined into the
-padding; the Winograd transform of dy reads dy directly). ``dx_res`` interleaves the phases (and combines the
-Winograd points), adds the bias and casts, vectorized over C0.
+padding; the Winograd transform of dy reads dy directly). ``dx_res`` interleaves the phases
+(and combines the Winograd points), adds the bias and casts, vectorized over C0.
 
 Winograd (the CPU kernels of ``tbe_like.ops``): F(4,3) does 6 multiply-adds per 4 columns
 instead of 12, against a transformed dy and a result 1.5 times as large. Measured here,
