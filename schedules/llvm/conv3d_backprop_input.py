@@ -388,10 +388,11 @@ def schedule(sch, p: BackpropInputParams, target,
     for name in names:  # the flipped filter, a folded phase's lanes of it, the Winograd one
         if name.startswith((stages.DX_FILTER_FLIP, stages.DX_WINO_FILTER)):
             _schedule_filter(sch, name, p, target)
+    skips = stages.DX_DY_PAD in names and padding_share(p) >= SKIP_SHARE  # dy's H padding
     for name in names:
         if name.startswith(stages.DX_MAD):
             mad = sch.get_sblock(name)
-            if stages.DX_DY_PAD in names and padding_share(p) >= SKIP_SHARE:
+            if skips:
                 skip_padding(sch, mad, stages.DX_DY_PAD, (3,))
             height, width, channels = _extents(sch, mad)
             blocks = int(sch.get(_mad_loops(sch, mad)[2]).extent)
