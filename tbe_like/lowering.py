@@ -132,30 +132,37 @@ def _is_true(expr) -> bool:
     return isinstance(expr, tirx.IntImm) and int(expr.value) == 1
 
 
-def _live_condition(realize):
-    """The condition that ``realize``'s read lies in its block's :data:`LIVE_ROWS`, in the
-    loops' variables; None when the block has none or its read of the buffer is not one
-    element (only a point's row is known)."""
+def _live_conditions(realize) -> dict[int, object]:
+    """The conditions that ``realize``'s read lies in its block's :data:`LIVE_ROWS`, one per
+    axis, in the loops' variables; empty when the block has none or its read of the buffer is
+    not one element (only a point's row is known)."""
     block = realize.block
     if LIVE_ROWS not in block.annotations:
-        return None
+        return {}
     name, *flat = block.annotations[LIVE_ROWS]
     regions = [r for r in block.reads if r.source.name == str(name)]
     if len(regions) != 1 or not all(_is_true(rng.extent) for rng in regions[0].region):
-        return None
+        return {}
     values = {iv.var: value for iv, value in zip(block.iter_vars, realize.iter_values,
                                                  strict=True)}
-    cond = None
+    conds = {}
     for axis, (first, end) in rows_of(flat).items():
         index = structural_map(regions[0].region[axis].min, [(Var, lambda v: values.get(v, v))])
-        live = And(index >= first, index < end)
-        cond = live if cond is None else And(cond, live)
-    return cond
+        conds[axis] = And(index >= first, index < end)
+    return conds
 
 
-def _without_live_rows(realize):
+def _without_live_rows(realize, axes=None):
+    """``realize`` without :data:`LIVE_ROWS` (``axes``: without those axes of it, the
+    annotation dropped when none is left)."""
     block = realize.block
     annotations = {k: v for k, v in block.annotations.items() if k != LIVE_ROWS}
+    if axes is not None and LIVE_ROWS in block.annotations:
+        name, *flat = block.annotations[LIVE_ROWS]
+        left = [v for axis, (first, end) in rows_of(flat).items() if axis not in axes
+                for v in (axis, first, end)]
+        if left:
+            annotations[LIVE_ROWS] = [name, *left]
     block = s_tir.SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, block.body,
                          block.init, block.alloc_buffers, block.match_buffers, annotations)
     return s_tir.SBlockRealize(realize.iter_values, realize.predicate, block)
@@ -170,20 +177,33 @@ def _vars(expr) -> set:
 _TILE_KINDS = (tirx.ForKind.UNROLLED, tirx.ForKind.VECTORIZED)
 
 
-def _place_live_condition(loop):
-    """``loop`` with its body under the live condition of the one annotated block inside it,
-    where ``loop`` is the innermost loop whose variable the condition uses (the loops of one
-    iteration left out): the condition is then tested once per iteration of ``loop``, outside
-    every loop it does not depend on. Not where ``loop`` is unrolled or vectorized (inside a
-    register tile the test is made per tile element, and LLVM left accumulators in memory)."""
+def _all_of(conds):
+    cond = None
+    for c in conds:
+        cond = c if cond is None else And(cond, c)
+    return cond
+
+
+def _place_live_condition(loop, constant: frozenset = frozenset()):
+    """``loop`` with its body under the live conditions of the one annotated block inside it
+    that ``loop`` is the place of, the annotation's axes it tests then taken off the block.
+
+    The axes whose condition uses only ``constant`` variables (of unrolled loops and loops of
+    one iteration: after unrolling, each copy's condition is a constant, and the simplifier
+    drops the copies it rules out, a dead tap of a register tile) are tested together at the
+    innermost loop they use, unrolled or not. The other axes are tested together at the
+    innermost loop whose variable their condition uses (the loops of one iteration left
+    out), once per iteration of ``loop``, outside every loop it does not depend on; never
+    where ``loop`` is unrolled or vectorized (inside a register tile the test is made per tile
+    element, and LLVM left accumulators in memory): the annotation is then dropped."""
     if _is_true(loop.extent):  # one iteration: the loop around it tests, its variable fixed
         return loop
     realizes = []
     structural_walk(loop.body, [(s_tir.SBlockRealize, realizes.append)])
     if len(realizes) != 1:
         return loop
-    cond = _live_condition(realizes[0])
-    if cond is None:
+    conds = _live_conditions(realizes[0])
+    if not conds:
         return loop
     inner, single = set(), {}
 
@@ -194,16 +214,40 @@ def _place_live_condition(loop):
             inner.add(f.loop_var)
 
     structural_walk(loop.body, [(tirx.For, note)])
-    cond = structural_map(cond, [(Var, lambda v: single.get(v, v))])
-    used = _vars(cond)
-    if loop.loop_var not in used or used & inner:
+    conds = {axis: structural_map(c, [(Var, lambda v: single.get(v, v))])
+             for axis, c in conds.items()}
+    folded = {axis for axis, c in conds.items() if _vars(c) and _vars(c) <= constant}
+    tests, placed = [], set()
+    for group in (folded, set(conds) - folded):
+        if not group:
+            continue
+        if group is not folded and loop.kind in _TILE_KINDS:
+            # Inside a register tile: the axes whose test depends on this loop are not
+            # skipped; the others are left to the loops around it.
+            placed |= {axis for axis in group if loop.loop_var in _vars(conds[axis])}
+            continue
+        cond = _all_of(conds[axis] for axis in sorted(group))
+        used = _vars(cond)
+        if loop.loop_var not in used or used & inner:
+            continue
+        placed |= group
+        tests.append(cond)
+    if not placed:
         return loop
-    body = structural_map(loop.body, [(s_tir.SBlockRealize, lambda r: _without_live_rows(r)
-                                       if r.same_as(realizes[0]) else r)])
-    if loop.kind not in _TILE_KINDS:
-        body = tirx.IfThenElse(cond, body, None)
+    body = structural_map(loop.body, [(s_tir.SBlockRealize, lambda r: _without_live_rows(
+        r, placed) if r.same_as(realizes[0]) else r)])
+    if tests:
+        body = tirx.IfThenElse(_all_of(tests), body, None)
     return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding,
                     loop.annotations)
+
+
+def _constant_vars(mod) -> frozenset:
+    """The variables of ``mod``'s unrolled loops and loops of one iteration."""
+    found = set()
+    structural_walk(mod, [(tirx.For, lambda f: found.add(f.loop_var) if (
+        f.kind == tirx.ForKind.UNROLLED or _is_true(f.extent)) else None)])
+    return frozenset(found)
 
 
 def skip_padding(mod):
@@ -216,7 +260,8 @@ def skip_padding(mod):
                            if LIVE_ROWS in b.annotations else None)])
     if not annotated:
         return mod
-    mod = structural_map(mod, [(tirx.For, _place_live_condition)])
+    constant = _constant_vars(mod)
+    mod = structural_map(mod, [(tirx.For, lambda f: _place_live_condition(f, constant))])
     return structural_map(mod, [(s_tir.SBlockRealize, lambda r: _without_live_rows(r)
                                  if LIVE_ROWS in r.block.annotations else r)])
 

@@ -130,6 +130,51 @@ def test_a_loop_of_one_iteration_leaves_the_test_to_the_loop_around_it():
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-6)
 
 
+def _tests_and_loops(mod) -> list[tuple[str, list]]:
+    """Each test the pass placed, with the kinds of the loops around it, outermost first."""
+    found = []
+
+    def walk(stmt, kinds):
+        if isinstance(stmt, tirx.For):
+            walk(stmt.body, [*kinds, stmt.kind])
+        elif isinstance(stmt, tirx.IfThenElse):
+            found.append((str(stmt.condition), kinds))
+            walk(stmt.then_case, kinds)
+        elif isinstance(stmt, tirx.SeqStmt):
+            for s in stmt:
+                walk(s, kinds)
+        elif hasattr(stmt, "body"):
+            walk(stmt.body, kinds)
+        elif hasattr(stmt, "block"):
+            walk(stmt.block, kinds)
+
+    walk(mod["main"].body, [])
+    return found
+
+
+def test_a_test_on_unrolled_loops_alone_is_made_inside_them():
+    """Where every loop the test depends on is unrolled (a register tile with its taps
+    unrolled), the test goes inside them: each unrolled copy's test is then a constant, and the
+    copies that read padding are dropped at compile time (the input gradient's dead W taps on
+    small maps). The sum is the same."""
+    sch = s_tir.Schedule(_padded_sum(live=True))
+    i, k = sch.get_loops(sch.get_sblock("s"))
+    i_0, i_1 = sch.split(i, [1, None])  # a register tile of the whole row
+    sch.reorder(i_0, k, i_1)
+    sch.unroll(k)
+    sch.unroll(i_1)
+    tests = _tests_and_loops(skip_padding_pass(sch.mod))
+    unrolled = tirx.ForKind.UNROLLED
+    assert [kinds[-2:] for _, kinds in tests] == [[unrolled, unrolled]], tests
+    rng = np.random.default_rng(2)
+    x, w = rng.standard_normal(8).astype("float32"), rng.standard_normal(5).astype("float32")
+    out = tvm.runtime.tensor(np.zeros(8, "float32"))
+    compile_checked(sch.mod, Target({"kind": "llvm", "num-cores": 1}))["main"](
+        tvm.runtime.tensor(x), tvm.runtime.tensor(w), out)
+    want = np.convolve(np.pad(x, 2), w[::-1], mode="valid")
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-6)
+
+
 def test_only_padded_axes_of_declared_stages_are_skipped():
     """An axis not asked for, or a stage that declares no source rows, declares nothing."""
     sch = s_tir.Schedule(_padded_sum(live=False))
@@ -189,11 +234,20 @@ def test_the_rules_declare_the_padded_rows_they_read():
     # The input gradient's direct reductions skip dy's H padding where it is a share of their
     # steps worth a test (``padding_share``; D's border rows are blocks of their own); its
     # padded dy says where dy lies.
+    # W's padding too, where a register tile holds whole rows (AVX-512's tiles of 8 columns
+    # and more; AVX2's of 4 do not): the W taps are then unrolled and each tap's dead columns
+    # dropped at compile time.
     assert padding_share(kernels.grad_input(padded, prec).params) >= SKIP_SHARE
-    assert _declared(kernels.grad_input(padded, prec), target) == {("dx_dy_pad", "3", "1", "7")}
+    assert padding_share(kernels.grad_input(padded, prec).params, 2) >= SKIP_SHARE
+    h, w = ("3", "1", "7"), ("4", "1", "9")
+    assert _declared(kernels.grad_input(padded, prec), target) == {
+        ("dx_dy_pad", *h), ("dx_dy_pad", *h, *w)}
     tall = conv3d(1, 16, (4, 24, 8), 16, (3, 3, 3))
     assert padding_share(kernels.grad_input(tall, prec).params) < SKIP_SHARE
-    assert not _declared(kernels.grad_input(tall, prec), target)
+    assert _declared(kernels.grad_input(tall, prec), target) == {("dx_dy_pad", *w)}
+    wide = conv3d(1, 16, (4, 24, 24), 16, (3, 3, 3))
+    assert padding_share(kernels.grad_input(wide, prec).params, 2) < SKIP_SHARE
+    assert not _declared(kernels.grad_input(wide, prec), target)
     for winograd, stage, h in ((False, stages.DX_DY_PAD, 3), (True, stages.DX_WINO_DY, 4)):
         graph = kernels.grad_input(padded, prec, winograd=winograd)
         rows = declared_rows(stages.stage_tensors(graph.output)[stage])

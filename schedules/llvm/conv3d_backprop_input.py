@@ -22,7 +22,9 @@ block; with the blocks in the parallel loop each re-read it from L3, and ResNet3
 1.16-1.25x the time in the median of interleaved rounds here (1.7x at a moment when the host's
 other tenants loaded its caches). Where (n, d, point) has too few iterations to keep every
 core busy, the blocks stay in the parallel loop. On small maps the (row, kh tap) steps that
-read dy's H padding are skipped, tested above the tile (``padding_share``). The padded dy and
+read dy's H padding are skipped, tested above the tile (``padding_share``), and where a tile
+holds whole rows its W taps are unrolled and the (column, tap) pairs that read dy's W padding
+dropped at compile time (``w_taps``). The padded dy and
 the flipped filter are materialized once (in the dense form the dilation is inlined into the
 padding; the Winograd transform of dy reads dy directly). ``dx_res`` interleaves the phases
 (and combines the Winograd points), adds the bias and casts, vectorized over C0.
@@ -183,7 +185,10 @@ def _extents(sch, mad) -> tuple[int, int, int]:
     return spatial[3], spatial[-2], int(iters[len(spatial)].dom.extent)
 
 
-def _schedule_mad(sch, name: str, knobs: Knobs | str, target) -> None:
+def _schedule_mad(sch, name: str, knobs: Knobs | str, target, w_taps: str = "") -> None:
+    """Tile and order a reduction (see the module's doc). ``w_taps``: its W taps unrolled,
+    around the chunk's channel loop (``"outer"``) or inside it (``"inner"``); see
+    :func:`w_taps`."""
     threads = num_threads(target)
     mad = sch.get_sblock(name)
     n, d, cb, h, e, w, ci0, co, a, b, c = _mad_loops(sch, mad)
@@ -214,6 +219,8 @@ def _schedule_mad(sch, name: str, knobs: Knobs | str, target) -> None:
     if math.prod(int(sch.get(loop).extent) for loop in outer) < TASKS_PER_THREAD * threads:
         outer = [cb, n, d, *outer[2:]]  # the blocks as parallel tasks too
     inner = [a, co_o, cb, h_o, w_o, b, c, co_i, co_u, cb_i, h_i, w_i, ci0]
+    if w_taps == "inner":
+        inner = [a, co_o, cb, h_o, w_o, b, co_i, c, co_u, cb_i, h_i, w_i, ci0]
     order = outer + [loop for loop in inner if loop is not None and loop not in outer]
     sch.reorder(*order)
     parallel(sch, outer, target)
@@ -222,6 +229,8 @@ def _schedule_mad(sch, name: str, knobs: Knobs | str, target) -> None:
     sch.unroll(h_i)
     sch.unroll(w_i)
     sch.unroll(co_u)
+    if w_taps:
+        sch.unroll(c)
     flatten_init(sch, sch.decompose_reduction(mad, a), int(sch.get(ci0).extent))
 
 
@@ -229,18 +238,19 @@ def _schedule_mad(sch, name: str, knobs: Knobs | str, target) -> None:
 SKIP_SHARE = 0.08
 
 
-def padding_share(p: BackpropInputParams) -> float:
-    """The share of a reduction's (dX row, kh tap) steps along H that read dy's padding: of
-    the pairs whose tap reaches the row (its stride phase), those whose dy row lies outside
-    dy. Where it is at least ``SKIP_SHARE`` the reductions skip them, tested once per (row,
-    tap) above the register tile (``skip_padding``; LLVM does not see the zeros). Zen 4,
+def padding_share(p: BackpropInputParams, axis: int = 1) -> float:
+    """The share of a reduction's (dX row, kh tap) steps along H (``axis`` 1 of D, H, W)
+    that read dy's padding: of the pairs whose tap reaches the row (its stride phase), those
+    whose dy row lies outside dy. Where it is at least ``SKIP_SHARE`` the reductions skip
+    them, tested once per (row, tap) above the register tile (``skip_padding``; LLVM does not
+    see the zeros); along W see :func:`w_taps`. Zen 4,
     kernels alone, against not skipping: V-Net's 64-channel 5x5x5 layer on 4x4x4 maps (30%
     of its H steps) 0.33 -> 0.26 ms, c3d conv4a (2x3x3, 22%) 1.66 -> 1.50, R(2+1)D's (1,3,3)
     256 -> 576 on 2x7x7 (10%) 1.56 -> 1.38; on 14- to 56-row maps (5% and less) the test cost
     what it saved (X3D's 56x56 depthwise layers 2-3% slower)."""
     geo = p.geometry
-    size, kernel, stride = geo.in_spatial[1], geo.kernel[1], geo.strides[1]
-    dilation, pad, rows = geo.dilations[1], geo.pads_before[1], geo.out_spatial[1]
+    size, kernel, stride = geo.in_spatial[axis], geo.kernel[axis], geo.strides[axis]
+    dilation, pad, rows = geo.dilations[axis], geo.pads_before[axis], geo.out_spatial[axis]
     reached = live = 0
     for i in range(size):
         for a in range(kernel):
@@ -249,6 +259,25 @@ def padding_share(p: BackpropInputParams) -> float:
                 reached += 1
                 live += 0 <= o < rows
     return 1 - live / reached if reached else 0.0
+
+
+def w_taps(fit: Knobs | str, width: int, direct: bool, gemm_tile: bool, padded: bool) -> str:
+    """How a direct reduction unrolls its W taps so that the (column, tap) pairs that read
+    dy's W padding are dropped at compile time: ``""`` (not unrolled, nothing dropped),
+    ``"outer"`` or ``"inner"`` (:func:`_schedule_mad`). Only where ``padded`` (W's
+    ``padding_share`` at least ``SKIP_SHARE``: maps of about 8 columns and fewer for 3-tap
+    kernels) and the register tile holds whole rows (``width`` columns): each unrolled copy's
+    test of its column and tap is then a constant (``lowering.skip_padding``), where a test
+    made at run time inside the tile would cost more than it saves. A GEMM tile
+    (:func:`gemm_knobs`) takes the taps inside its chunk's channel loop, the default tile
+    around it: the other way round each lost up to 15%. Dev half, Zen 4, kernels alone, the
+    best over every form and candidate against the same without: c3d conv3a and conv3b (4x7x7)
+    1.62 -> 1.41 and 3.01 -> 2.55 ms, R3D's layer3.0.conv2 (2x7x7) 1.37 -> 1.25, R(2+1)D's
+    (1, 3, 3) 256 -> 460 on 2x7x7 0.97 -> 0.92; the 13 others where a candidate changes kept
+    their time (their best form is another)."""
+    if not (padded and direct and isinstance(fit, Knobs) and fit.w_tile >= width):
+        return ""
+    return "inner" if gemm_tile else "outer"
 
 
 def _filter_in_place(p: BackpropInputParams) -> bool:
@@ -389,14 +418,14 @@ def schedule(sch, p: BackpropInputParams, target,
         if name.startswith((stages.DX_FILTER_FLIP, stages.DX_WINO_FILTER)):
             _schedule_filter(sch, name, p, target)
     skips = stages.DX_DY_PAD in names and padding_share(p) >= SKIP_SHARE  # dy's H padding
+    skips_w = stages.DX_DY_PAD in names and padding_share(p, 2) >= SKIP_SHARE  # dy's W padding
     for name in names:
         if name.startswith(stages.DX_MAD):
             mad = sch.get_sblock(name)
-            if skips:
-                skip_padding(sch, mad, stages.DX_DY_PAD, (3,))
             height, width, channels = _extents(sch, mad)
             blocks = int(sch.get(_mad_loops(sch, mad)[2]).extent)
-            if isinstance(knobs, Heuristic) and knobs.gemm and blocks > 1:
+            gemm_tile = isinstance(knobs, Heuristic) and knobs.gemm and blocks > 1
+            if gemm_tile:
                 # (One channel block, depthwise: no second operand to block; the candidate
                 # schedules as the default and is compiled once, within the build budget.)
                 fit = gemm_knobs(p, knobs.lanes, width, channels, height, blocks,
@@ -405,6 +434,11 @@ def schedule(sch, p: BackpropInputParams, target,
                 fit = default_knobs(p, knobs.lanes, width, channels, height, knobs.accumulators)
             else:
                 fit = knobs
-            _schedule_mad(sch, name, fit, target)
+            unrolled = w_taps(fit, width, _mad_loops(sch, mad)[-1] is not None, gemm_tile,
+                              skips_w)
+            axes = (3,) * skips + (4,) * bool(unrolled)
+            if axes:
+                skip_padding(sch, mad, stages.DX_DY_PAD, axes)
+            _schedule_mad(sch, name, fit, target, unrolled)
     fuse_parallel_vectorize(sch, stages.DX_RES, 2, target)
     return sch
