@@ -224,8 +224,12 @@ def _host_empty(kind: str, shape: Sequence[int], dtype: str, alignment: int) -> 
     """The NumPy memory of a host result (torch's bfloat16 as int16, viewed back by torch),
     aligned to ``alignment`` bytes and to ``RESULT_ALIGNMENT`` at least: a view of the array
     it allocates, which is its ``base`` and owns the memory (``Spares`` counts on both)."""
-    np_dtype = numpy_dtype("int16" if kind == "torch" and dtype == "bfloat16" else dtype)
-    return _aligned_empty(shape, np_dtype, max(alignment, RESULT_ALIGNMENT))
+    return _aligned_empty(shape, _host_dtype(kind, dtype), max(alignment, RESULT_ALIGNMENT))
+
+
+def _host_dtype(kind: str, dtype: str) -> np.dtype:
+    """The NumPy dtype of a host result's memory (torch's bfloat16 as int16)."""
+    return numpy_dtype("int16" if kind == "torch" and dtype == "bfloat16" else dtype)
 
 
 def _handed_out(kind: str, host: np.ndarray, dtype: str) -> Any:
@@ -279,12 +283,14 @@ class Spares:
     allocator already.
     """
 
-    # References to a kept array, and to the array owning its memory, while nothing else holds
-    # them: the slot (the result's ``base``), getrefcount's argument.
-    _UNHELD = 2
+    # References to a kept array while nothing else holds it: its slot, the name ``kept`` in
+    # :meth:`empty`, getrefcount's argument; to the array owning its memory: the kept array
+    # (its ``base``), getrefcount's argument.
+    _UNHELD = 3
+    _UNHELD_BASE = 2
 
     def __init__(self, count: int):
-        self._kept: list[tuple[str, np.ndarray] | None] = [None] * count
+        self._kept: list[np.ndarray | None] = [None] * count
         self._lock = threading.Lock()
 
     def empty(self, index: int, like: Any, shape: Sequence[int], dtype: str,
@@ -296,11 +302,13 @@ class Spares:
             return empty_like_library(like, shape, dtype, alignment)
         with self._lock:
             kept = self._kept[index]
-            free = (kept is not None and kept[0] == kind
-                    and sys.getrefcount(kept[1]) == self._UNHELD
-                    and sys.getrefcount(kept[1].base) == self._UNHELD)
-            host = kept[1] if free else _host_empty(kind, shape, dtype, alignment)
-            self._kept[index] = (kind, host)
+            # Memory a NumPy result had is a torch result's too (and the other way round):
+            # a float32 result is the same NumPy array, handed out as a tensor or not.
+            free = (kept is not None and kept.dtype == _host_dtype(kind, dtype)
+                    and sys.getrefcount(kept) == self._UNHELD
+                    and sys.getrefcount(kept.base) == self._UNHELD_BASE)
+            host = kept if free else _host_empty(kind, shape, dtype, alignment)
+            self._kept[index] = host
             del kept
         return _handed_out(kind, host, dtype)
 
