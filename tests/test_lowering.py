@@ -74,6 +74,17 @@ def _padded_sum(live: bool):
     return sch.mod
 
 
+def _assert_sums(mod, seed: int) -> None:
+    """``mod`` (a schedule of :func:`_padded_sum`) built for one core gives NumPy's sums."""
+    rng = np.random.default_rng(seed)
+    x, w = rng.standard_normal(8).astype("float32"), rng.standard_normal(5).astype("float32")
+    out = tvm.runtime.tensor(np.zeros(8, "float32"))
+    compile_checked(mod, Target({"kind": "llvm", "num-cores": 1}))["main"](
+        tvm.runtime.tensor(x), tvm.runtime.tensor(w), out)
+    want = np.convolve(np.pad(x, 2), w[::-1], mode="valid")
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-6)
+
+
 def test_a_reduction_skips_the_padding_it_declares():
     """The annotated reduction's loop nest tests that its read is in the live rows (the terms
     elsewhere are zero), and computes the same sum."""
@@ -121,13 +132,7 @@ def test_a_loop_of_one_iteration_leaves_the_test_to_the_loop_around_it():
     structural_walk(skip_padding_pass(sch.mod), [(tirx.IfThenElse,
                                                  lambda n: tests.append(str(n.condition)))])
     assert len(tests) == 1 and "i_0" in tests[0] and "i_1" not in tests[0], tests
-    rng = np.random.default_rng(1)
-    x, w = rng.standard_normal(8).astype("float32"), rng.standard_normal(5).astype("float32")
-    out = tvm.runtime.tensor(np.zeros(8, "float32"))
-    compile_checked(sch.mod, Target({"kind": "llvm", "num-cores": 1}))["main"](
-        tvm.runtime.tensor(x), tvm.runtime.tensor(w), out)
-    want = np.convolve(np.pad(x, 2), w[::-1], mode="valid")
-    np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-6)
+    _assert_sums(sch.mod, seed=1)
 
 
 def _tests_and_loops(mod) -> list[tuple[str, list]]:
@@ -166,13 +171,7 @@ def test_a_test_on_unrolled_loops_alone_is_made_inside_them():
     tests = _tests_and_loops(skip_padding_pass(sch.mod))
     unrolled = tirx.ForKind.UNROLLED
     assert [kinds[-2:] for _, kinds in tests] == [[unrolled, unrolled]], tests
-    rng = np.random.default_rng(2)
-    x, w = rng.standard_normal(8).astype("float32"), rng.standard_normal(5).astype("float32")
-    out = tvm.runtime.tensor(np.zeros(8, "float32"))
-    compile_checked(sch.mod, Target({"kind": "llvm", "num-cores": 1}))["main"](
-        tvm.runtime.tensor(x), tvm.runtime.tensor(w), out)
-    want = np.convolve(np.pad(x, 2), w[::-1], mode="valid")
-    np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-6)
+    _assert_sums(sch.mod, seed=2)
 
 
 def test_only_padded_axes_of_declared_stages_are_skipped():
