@@ -13,8 +13,11 @@ annotates the reduction's block with the stage's live rows (:data:`LIVE_ROWS`, t
 loop nest tests that the read is inside them, once per iteration of the innermost loop the
 test depends on (outside the register tile; never inside an unrolled or vectorized loop: as the
 block's own predicate, inside the tile, LLVM kept an input gradient's accumulators in memory
-and it ran 2-3.6x slower). On a 4-frame clip a (3,1,1) kernel's weight gradient multiplied
-zeros in 17% of its steps, on a 2x4x4 map a 3x3x3 kernel's in 54%.
+and it ran 2-3.6x slower). The exception is a test that depends on unrolled loops (and loops of
+one iteration) alone: it goes inside them, where each unrolled copy's test is a constant that
+the simplifier folds, so the copies reading padding vanish before LLVM sees them (a register
+tile of a whole row with its W taps unrolled). On a 4-frame clip a (3,1,1) kernel's weight
+gradient multiplied zeros in 17% of its steps, on a 2x4x4 map a 3x3x3 kernel's in 54%.
 
 ``fold_guards``: a shared-memory copy of an implicit-GEMM operand reads through two padding
 stages inlined into one another (the convolution's zero padding, then the padding of the GEMM
