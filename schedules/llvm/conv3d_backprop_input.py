@@ -273,8 +273,9 @@ def w_taps(fit: Knobs | str, width: int, direct: bool, gemm_tile: bool, padded: 
     around it: the other way round each lost up to 15%. Dev half, Zen 4, kernels alone, the
     best over every form and candidate against the same without: c3d conv3a and conv3b (4x7x7)
     1.62 -> 1.41 and 3.01 -> 2.55 ms, R3D's layer3.0.conv2 (2x7x7) 1.37 -> 1.25, R(2+1)D's
-    (1, 3, 3) 256 -> 460 on 2x7x7 0.97 -> 0.92; the 13 others where a candidate changes kept
-    their time (their best form is another)."""
+    (1, 3, 3) 256 -> 460 and 256 -> 576 on 2x7x7 0.97 -> 0.92 and 1.22 -> 1.14, 3D U-Net's
+    synthesis2.conv1 2.72 -> 2.66; the 15 others where a candidate changes within 1% (their
+    best form is another, or a tile that does not hold whole rows)."""
     if not (padded and direct and isinstance(fit, Knobs) and fit.w_tile >= width):
         return ""
     return "inner" if gemm_tile else "outer"
@@ -423,7 +424,8 @@ def schedule(sch, p: BackpropInputParams, target,
         if name.startswith(stages.DX_MAD):
             mad = sch.get_sblock(name)
             height, width, channels = _extents(sch, mad)
-            blocks = int(sch.get(_mad_loops(sch, mad)[2]).extent)
+            loops = _mad_loops(sch, mad)
+            blocks = int(sch.get(loops[2]).extent)
             gemm_tile = isinstance(knobs, Heuristic) and knobs.gemm and blocks > 1
             if gemm_tile:
                 # (One channel block, depthwise: no second operand to block; the candidate
@@ -434,8 +436,7 @@ def schedule(sch, p: BackpropInputParams, target,
                 fit = default_knobs(p, knobs.lanes, width, channels, height, knobs.accumulators)
             else:
                 fit = knobs
-            unrolled = w_taps(fit, width, _mad_loops(sch, mad)[-1] is not None, gemm_tile,
-                              skips_w)
+            unrolled = w_taps(fit, width, loops[-1] is not None, gemm_tile, skips_w)
             axes = (3,) * skips + (4,) * bool(unrolled)
             if axes:
                 skip_padding(sch, mad, stages.DX_DY_PAD, axes)

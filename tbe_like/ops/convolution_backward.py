@@ -178,7 +178,6 @@ def _plain_call(p: ConvolutionBackwardParams, built: dict[str, Kernel]):
 
     # The operands a kernel (or grad_bias's sum) reads: a torch call hands only those to NumPy.
     read = {i for _, takes, _, _ in runs for i in takes} | ({0} if bias_axes else set())
-    kernel_reads = {i for _, takes, _, _ in runs for i in takes}
     # The operands the kernels take as they come (3-D layers), not as a 5-D view.
     as_is = tuple(s == s5 for s, s5 in zip(shapes, shapes5, strict=True))
     result_as_is = {slot: tuple(kernel.outputs[0].shape) == shape
@@ -195,7 +194,7 @@ def _plain_call(p: ConvolutionBackwardParams, built: dict[str, Kernel]):
             if type(a) is not torch.Tensor or not a.is_cpu or a.dtype != tdtype \
                     or a.shape != shapes[i]:
                 return None
-            if i in kernel_reads:
+            if i in read:
                 if a.requires_grad:
                     a = a.detach()
                 if not a.is_contiguous() or (multiple and a.data_ptr() % multiple):
@@ -207,11 +206,8 @@ def _plain_call(p: ConvolutionBackwardParams, built: dict[str, Kernel]):
                    host[j] if as_is[j] else host[j].reshape(shapes5[j]))
             result = kernel._run_in_place(ins)
             found[slot] = result if result_as_is[slot] else result.reshape(shape)
-        if bias_axes is not None:
-            go = given[0].detach() if given[0].requires_grad else given[0]
-            if not go.is_contiguous():
-                return None
-            found[2] = torch.from_numpy(arrays.sum_float32(go.numpy(), bias_axes,
+        if bias_axes is not None:  # on grad_output, which every kernel reads: checked above
+            found[2] = torch.from_numpy(arrays.sum_float32(host[0].numpy(), bias_axes,
                                                            p.grad_bias_dtype))
         return tuple(found)
 
