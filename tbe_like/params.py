@@ -427,6 +427,7 @@ class RowsInputParams:
     cin: int
     cout: int
     phases: tuple[tuple[str, int], ...]
+    depthwise: bool = False  # each dX channel sums its own group's dy channels alone
 
 
 FILTER_DEFAULTS = {

@@ -1,6 +1,6 @@
-"""The input gradient of a layer of few input channels, one stride phase of dX at a time
-(``kernels.grad_input_rows``, ``schedules.llvm.conv3d_backprop_input_rows``): a form that
-measured selection races against the packed one. Both vector widths' tiles; stride phases of
+"""The input gradient of a layer of few input channels or a depthwise layer, one stride phase
+of dX at a time (``kernels.grad_input_rows``, ``schedules.llvm.conv3d_backprop_input_rows``):
+a form that measured selection races against the packed one. Both vector widths' tiles; stride phases of
 unequal sizes and tap counts, phases no tap reaches (kernel < stride), dilation, asymmetric
 padding; every dtype; against NumPy, every kernel under the bounds proof."""
 
@@ -21,11 +21,11 @@ from tbe_like.testing import reference as ref
 TARGET = host_target()
 
 
-def _conv(n, cin, spatial, cout, kernel, stride, pads, dil=(1, 1, 1)):
+def _conv(n, cin, spatial, cout, kernel, stride, pads, dil=(1, 1, 1), groups=1):
     """A ``kernels.Conv3d`` with per-axis strides, (before, after) pads and dilations."""
     out = tuple((i + pads[2 * a] + pads[2 * a + 1] - dil[a] * (kernel[a] - 1) - 1) // stride[a]
                 + 1 for a, i in enumerate(spatial))
-    return kernels.Conv3d(n, cin, cout, spatial, out, kernel, stride, pads, dil, 1)
+    return kernels.Conv3d(n, cin, cout, spatial, out, kernel, stride, pads, dil, groups)
 
 
 CASES = {  # (conv, dtype)
@@ -43,6 +43,17 @@ CASES = {  # (conv, dtype)
                                (1, 2, 2)), "float16"),
     "3ch-s122-bfloat16": (_conv(1, 3, (2, 8, 12), 8, (1, 3, 3), (1, 2, 2), (0, 0, 1, 1, 1, 1)),
                           "bfloat16"),
+    # Depthwise (X3D's 3x3x3 layers): each channel sums its own dy channel, 13-wide rows
+    # (a vector crosses none), stride (1, 2, 2), uneven padding.
+    "depthwise-k3-s122": (_conv(2, 12, (3, 9, 13), 12, (3, 3, 3), (1, 2, 2),
+                                (1, 1, 1, 0, 1, 1), groups=12), "float32"),
+    # A channel multiplier of 3 (each channel's 3 output channels summed), dilation 2.
+    "depthwise-x3-dil2": (_conv(1, 5, (3, 6, 18), 15, (3, 3, 3), (1, 1, 1), (2, 2, 2, 2, 2, 2),
+                                (2, 2, 2), groups=5), "float32"),
+    "depthwise-k3-float16": (_conv(1, 16, (2, 5, 7), 16, (3, 3, 3), (1, 1, 1), (1,) * 6,
+                                   groups=16), "float16"),
+    "depthwise-s222-bfloat16": (_conv(1, 8, (4, 6, 9), 8, (3, 3, 3), (2, 2, 2), (1,) * 6,
+                                      groups=8), "bfloat16"),
 }
 
 
@@ -50,14 +61,18 @@ def _reference(conv, dy, w):
     """dX by scattering every (dy position, tap) product: independent of the phase algebra."""
     dx = np.zeros(conv.x_shape)
     dy64, w64 = dy.astype(np.float64), w.astype(np.float64)
+    g, cin_g, cout_g = conv.groups, conv.cin // conv.groups, conv.cout // conv.groups
     (kd, kh, kw), (sd, sh, sw), (dd, dh, dw) = conv.kernel, conv.strides, conv.dilations
     front, top, left = conv.pads[0], conv.pads[2], conv.pads[4]
     do, ho, wo = conv.out_spatial
     for a in range(kd):
         for b in range(kh):
             for c in range(kw):
-                # part[n, ci, od, oh, ow] = sum over co of dy[n, co, od, oh, ow] * w[co, ci, tap]
-                part = np.einsum("nodhw,oc->ncdhw", dy64, w64[:, :, a, b, c])
+                # part[n, ci, od, oh, ow] = sum over co of dy[n, co, od, oh, ow] * w[co, ci, tap],
+                # co in ci's group
+                part = np.concatenate([np.einsum(
+                    "nodhw,oc->ncdhw", dy64[:, k * cout_g:(k + 1) * cout_g],
+                    w64[k * cout_g:(k + 1) * cout_g, :, a, b, c]) for k in range(g)], axis=1)
                 for od in range(do):
                     d = od * sd + a * dd - front
                     if not 0 <= d < conv.in_spatial[0]:
@@ -88,14 +103,16 @@ def test_every_tile_matches_reference(name, lanes):
     np.testing.assert_allclose(got, want, rtol=0, atol=RTOL[dtype] * np.abs(want).max())
 
 
-def test_the_reference_is_pytorchs_where_padding_is_symmetric():
-    conv = _conv(1, 2, (3, 9, 10), 4, (2, 3, 3), (1, 2, 2), (1, 1, 1, 1, 1, 1))
+@pytest.mark.parametrize("groups, cout", [(1, 4), (2, 4), (2, 6)])
+def test_the_reference_is_pytorchs_where_padding_is_symmetric(groups, cout):
+    conv = _conv(1, 2, (3, 9, 10), cout, (2, 3, 3), (1, 2, 2), (1, 1, 1, 1, 1, 1),
+                 groups=groups)
     rng = np.random.default_rng(8)
     dy = rng.standard_normal(conv.y_shape)
     w = rng.standard_normal(conv.w_shape)
     want = ref.convolution_backward(dy, np.zeros(conv.x_shape), w, stride=[1, 2, 2],
                                     padding=[1, 1, 1], dilation=[1, 1, 1], transposed=False,
-                                    output_padding=[0, 0, 0], groups=1,
+                                    output_padding=[0, 0, 0], groups=groups,
                                     output_mask=(True, False, False))[0]
     np.testing.assert_allclose(_reference(conv, dy, w), want, rtol=1e-12, atol=1e-12)
 
@@ -111,7 +128,7 @@ def test_the_tile_fits_the_registers():
     assert vectors(1, 16, 16, 16) == 1
 
 
-def test_only_few_channel_layers_of_few_phases_have_the_form():
+def test_only_few_channel_or_depthwise_layers_of_few_phases_have_the_form():
     prec = kernels.Precision("float32", "float32")
     stem = conv3d(1, 3, (4, 16, 16), 8, (3, 7, 7), stride=2, pad=3)
     forms = _other_forms(graph_of("grad_input", stem, prec, target=TARGET),
@@ -122,17 +139,22 @@ def test_only_few_channel_layers_of_few_phases_have_the_form():
                  _conv(1, 3, (4, 16, 16), 8, (1, 4, 4), (1, 4, 4), (0,) * 6),  # 16 phases
                  _conv(1, 3, (4, 16, 16), 8, (1, 3, 3), (1, 2, 2), (0,) * 6, (1, 1, 2))):
         assert not kernels.input_rows_applies(conv)
+    assert kernels.input_rows_applies(conv3d(1, 64, (4, 8, 16), 64, (3, 3, 3), groups=64))
+    assert kernels.input_rows_applies(conv3d(1, 32, (4, 8, 16), 64, (3, 3, 3), groups=32))
 
 
-def test_the_operator_races_it_and_computes_the_same(measuring):
+@pytest.mark.parametrize("cin, cout, groups", [(3, 8, 1), (6, 12, 6)])
+def test_the_operator_races_it_and_computes_the_same(cin, cout, groups, measuring):
     """Through ``convolution_backward`` from an empty cache: the selection timed the rows
-    form, and whichever won, the input gradient equals NumPy's."""
+    form (a stem's and a depthwise layer's), and whichever won, the input gradient equals
+    NumPy's."""
     rng = np.random.default_rng(9)
-    x = rng.standard_normal((2, 3, 2, 12, 13)).astype(np.float32)
-    w = rng.standard_normal((8, 3, 1, 5, 5)).astype(np.float32)
-    dy = rng.standard_normal((2, 8, 2, 6, 7)).astype(np.float32)
+    x = rng.standard_normal((2, cin, 2, 12, 13)).astype(np.float32)
+    w = rng.standard_normal((cout, cin // groups, 1, 5, 5)).astype(np.float32)
+    dy = rng.standard_normal((2, cout, 2, 6, 7)).astype(np.float32)
     kw = dict(bias_sizes=None, stride=(1, 2, 2), padding=(0, 2, 2), dilation=1,
-              transposed=False, output_padding=0, groups=1, output_mask=(True, False, False))
+              transposed=False, output_padding=0, groups=groups,
+              output_mask=(True, False, False))
     executor = ops.prepare_convolution_backward(dy, x, w, **kw)
     times = executor.kernels["grad_input"].metadata["para_dict"]["selection"]["times_ms"]
     assert any(name.startswith("rows: ") for name in times), times
@@ -140,6 +162,6 @@ def test_the_operator_races_it_and_computes_the_same(measuring):
     want = ref.convolution_backward(dy.astype(np.float64), x.astype(np.float64),
                                     w.astype(np.float64), stride=[1, 2, 2], padding=[0, 2, 2],
                                     dilation=[1] * 3, transposed=False,
-                                    output_padding=[0] * 3, groups=1,
+                                    output_padding=[0] * 3, groups=groups,
                                     output_mask=(True, False, False))[0]
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())

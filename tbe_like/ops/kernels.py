@@ -902,11 +902,19 @@ def _grad_input_transposed(conv: Conv3d, prec: Precision, names) -> Graph:
 ROWS_MAX_PHASES = 8
 
 
+def depthwise(conv: Conv3d) -> bool:
+    """Whether every group of ``conv`` has one input channel (depthwise, with any channel
+    multiplier), more than one group."""
+    return conv.groups > 1 and conv.groups == conv.cin
+
+
 def input_rows_applies(conv: Conv3d) -> bool:
-    """Whether ``grad_input_rows`` builds ``conv``'s input gradient: no groups, at most
-    ``ROWS_MAX_CHANNELS`` input channels, at most ``ROWS_MAX_PHASES`` stride phases, and no
-    axis both strided and dilated (a phase's taps are then every s-th, or every one)."""
-    return (conv.groups == 1 and conv.cin <= ROWS_MAX_CHANNELS
+    """Whether ``grad_input_rows`` builds ``conv``'s input gradient: no groups and at most
+    ``ROWS_MAX_CHANNELS`` input channels, or a depthwise layer (:func:`depthwise`); at most
+    ``ROWS_MAX_PHASES`` stride phases, and no axis both strided and dilated (a phase's taps
+    are then every s-th, or every one)."""
+    few = conv.groups == 1 and conv.cin <= ROWS_MAX_CHANNELS
+    return ((few or depthwise(conv))
             and math.prod(conv.strides) <= ROWS_MAX_PHASES
             and all(s == 1 or d == 1 for s, d in zip(conv.strides, conv.dilations,
                                                       strict=True)))
@@ -954,6 +962,10 @@ def grad_input_rows(conv: Conv3d, prec: Precision,
     (``stages.DX_ROWS_DY``), each phase has a stage of its own with only the taps that reach
     it (``stages.DX_ROWS``: no multiply-add on a zero tap), and the result interleaves them
     (``stages.DX_ROWS_RES``).
+
+    A depthwise layer's (:func:`depthwise`) channel sums only its own group's output
+    channels (``co = ci * multiplier + m``): the packed form computed each group as a block of
+    16 x 16 channels, 15 of every 16 multiply-adds on zeros (X3D's 3x3x3 layers).
     """
     dy = _placeholder(conv.y_shape, names[0], prec.dtype)
     w = _placeholder(conv.w_shape, names[1], prec.dtype)
@@ -976,18 +988,23 @@ def grad_input_rows(conv: Conv3d, prec: Precision,
 
     dyp = te.compute((conv.batch, conv.cout, *ends), dy_body, name=stages.DX_ROWS_DY,
                      tag=stages.tag(INPUT_ROWS_OP, "dy"))
+    grouped = depthwise(conv)
+    per_group = conv.cout // conv.groups
+
     def phase_body(pd_: _Phase, ph_: _Phase, pw_: _Phase):
-        rco = te.reduce_axis((0, conv.cout), name="co")
+        rco = te.reduce_axis((0, per_group), name="co")
         rd = te.reduce_axis((0, pd_.taps), name="td")
         rh = te.reduce_axis((0, ph_.taps), name="th")
         rw = te.reduce_axis((0, pw_.taps), name="tw")
         sd, sh, sw = conv.strides
 
         def body(n, ci, a, b, c):
-            left_ = dyp[n, rco, pd_.first + a - rd * pd_.reach + lead[0],
+            # a depthwise channel's own output channels, its weights' only input channel
+            co, wci = (ci * per_group + rco, 0) if grouped else (rco, ci)
+            left_ = dyp[n, co, pd_.first + a - rd * pd_.reach + lead[0],
                         ph_.first + b - rh * ph_.reach + lead[1],
                         pw_.first + c - rw * pw_.reach + lead[2]]
-            right = w[rco, ci, pd_.kernel_index(rd, sd), ph_.kernel_index(rh, sh),
+            right = w[co, wci, pd_.kernel_index(rd, sd), ph_.kernel_index(rh, sh),
                       pw_.kernel_index(rw, sw)]
             return te.sum(convert(left_).astype(ACC_DTYPE) * convert(right).astype(ACC_DTYPE),
                           axis=[rco, rd, rh, rw])
@@ -1029,7 +1046,7 @@ def grad_input_rows(conv: Conv3d, prec: Precision,
                      tag=stages.tag(INPUT_ROWS_OP, "res"))
     p = RowsInputParams(conv.batch, conv.cin, conv.cout,
                         tuple((f"{stages.DX_ROWS}_{k[0]}_{k[1]}_{k[2]}", row[k[2]])
-                              for k in staged))
+                              for k in staged), grouped)
     return Graph(INPUT_ROWS_OP, p, [dy, w], out, ["NCDHW", "NCDHW", "NCDHW"],
                  flops=conv.flops())
 
