@@ -1,8 +1,9 @@
 """The input gradient of a layer of few input channels or a depthwise layer, one stride phase
 of dX at a time (``kernels.grad_input_rows``, ``schedules.llvm.conv3d_backprop_input_rows``):
-a form that measured selection races against the packed one. Both vector widths' tiles; stride phases of
-unequal sizes and tap counts, phases no tap reaches (kernel < stride), dilation, asymmetric
-padding; every dtype; against NumPy, every kernel under the bounds proof."""
+a form that measured selection races against the packed one. Both vector widths' tiles; stride
+phases of unequal sizes and tap counts, phases no tap reaches (kernel < stride), dilation,
+asymmetric padding; channel multipliers; every dtype; against NumPy, every kernel under the
+bounds proof."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ def _reference(conv, dy, w):
     """dX by scattering every (dy position, tap) product: independent of the phase algebra."""
     dx = np.zeros(conv.x_shape)
     dy64, w64 = dy.astype(np.float64), w.astype(np.float64)
-    g, cin_g, cout_g = conv.groups, conv.cin // conv.groups, conv.cout // conv.groups
+    g, cout_g = conv.groups, conv.cout // conv.groups
     (kd, kh, kw), (sd, sh, sw), (dd, dh, dw) = conv.kernel, conv.strides, conv.dilations
     front, top, left = conv.pads[0], conv.pads[2], conv.pads[4]
     do, ho, wo = conv.out_spatial
