@@ -83,7 +83,8 @@ def test_which_layers_have_the_form():
     assert stages.DW_OUTER_X in stages.stage_names(forms["outer"].output)
     for conv in (conv3d(1, 3, (4, 8, 16), 8, (3, 3, 3)),  # fewer than a block of outputs
                  conv3d(1, 5, (4, 8, 16), 24, (3, 3, 3)),  # 5 input channels
-                 conv3d(1, 4, (4, 8, 16), 32, (3, 3, 3), groups=2)):
+                 conv3d(1, 4, (4, 8, 16), 32, (3, 3, 3), groups=2),
+                 conv3d(1, 32, (4, 8, 16), 32, (3, 3, 3), groups=32)):  # depthwise: rows
         assert not kernels.outer_applies(conv)
 
 

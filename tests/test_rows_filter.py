@@ -1,8 +1,9 @@
 """The weight gradient of a layer of few input channels as dot products along output rows
 (``kernels.grad_weight_rows``, ``schedules.llvm.conv3d_backprop_filter_rows``): a form that
 measured selection races against the packed one. Both vector widths' tiles, strides,
-dilations, padding, rows of whole vectors (dy read in place) and not (dy's rows padded), every
-dtype and the transposed operator, against NumPy; every kernel under the bounds proof."""
+dilations, padding, rows of whole vectors (dy read in place) and not (dy's rows padded),
+depthwise layers, every dtype and the transposed operator, against NumPy; every kernel under
+the bounds proof."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from conftest import (
 from tbe_like.schedules.common import HEURISTIC_LANES
 from tbe_like.schedules.llvm.conv3d_backprop_filter_rows import tile
 
-from tbe_like import stages
+from tbe_like import ops, stages
 from tbe_like.ops import kernels
 from tbe_like.ops.convolution_backward import _other_forms, graph_of
 from tbe_like.target import host_target
@@ -37,6 +38,16 @@ CASES = {  # (conv, dtype, padding (D, H, W) for the reference)
     "4ch-k133-float16": (kernels.Conv3d(1, 4, 12, (2, 9, 33), (2, 9, 17), (1, 3, 3),
                                         (1, 1, 2), (0, 0, 1, 1, 1, 1), (1, 1, 1), 1), "float16"),
     "3ch-k3-bfloat16": (conv3d(1, 3, (3, 5, 16), 8, (3, 3, 3)), "bfloat16"),
+    # Depthwise (X3D's 3x3x3 layers): each output channel reads its own input channel; stride
+    # (1, 2, 2), rows of 7 (padded).
+    "depthwise-k3-s122": (kernels.Conv3d(2, 12, 12, (3, 9, 13), (3, 5, 7), (3, 3, 3),
+                                         (1, 2, 2), (1,) * 6, (1, 1, 1), 12), "float32"),
+    # A channel multiplier of 3 (output channels 3c..3c+2 read channel c), dilation 2.
+    "depthwise-x3-dil2": (conv3d(1, 5, (3, 6, 18), 15, (3, 3, 3), pad=2, dil=2, groups=5),
+                          "float32"),
+    "depthwise-k3-float16": (conv3d(1, 16, (2, 5, 16), 16, (3, 3, 3), groups=16), "float16"),
+    "depthwise-s2-bfloat16": (conv3d(1, 8, (4, 6, 9), 8, (3, 3, 3), stride=2, groups=8),
+                              "bfloat16"),
 }
 
 
@@ -67,7 +78,7 @@ def test_the_tile_fits_the_registers():
     assert tile(64, 16, 32) == 1
 
 
-def test_only_few_channel_layers_have_the_form():
+def test_only_few_channel_or_depthwise_layers_have_the_form():
     prec = kernels.Precision("float32", "float32")
     stem = conv3d(1, 3, (4, 16, 16), 8, (3, 7, 7), stride=2, pad=3)
     forms = _other_forms(graph_of("grad_weight", stem, prec, target=TARGET),
@@ -77,6 +88,7 @@ def test_only_few_channel_layers_have_the_form():
                  conv3d(1, 4, (4, 8, 16), 8, (3, 3, 3), groups=2),
                  conv3d(1, 3, (2, 4, 40), 8, (1, 1, 17), pad=0)):  # 17 columns
         assert not kernels.rows_applies(conv)
+    assert kernels.rows_applies(conv3d(1, 64, (4, 8, 16), 64, (3, 3, 3), groups=64))
 
 
 @pytest.mark.parametrize("transposed", [False, True])
@@ -85,4 +97,23 @@ def test_the_operator_races_it_and_computes_the_same(transposed, measuring):
     form, and whichever won, the weight gradient equals NumPy's."""
     times, got, want = few_channel_weight_gradient(8, transposed, seed=6)  # 3 <-> 8 channels
     assert any(name.startswith("rows: ") for name in times), times
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
+
+
+def test_the_operator_races_it_on_a_depthwise_layer(measuring):
+    """A depthwise layer of channel multiplier 2 through ``convolution_backward`` from an
+    empty cache: the selection timed the rows form, and the weight gradient equals NumPy's."""
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((2, 6, 3, 9, 11)).astype(np.float32)
+    w = rng.standard_normal((12, 1, 3, 3, 3)).astype(np.float32)
+    dy = rng.standard_normal((2, 12, 3, 5, 6)).astype(np.float32)
+    kw = dict(bias_sizes=None, stride=(1, 2, 2), padding=1, dilation=1, transposed=False,
+              output_padding=0, groups=6, output_mask=(False, True, False))
+    executor = ops.prepare_convolution_backward(dy, x, w, **kw)
+    times = executor.kernels["grad_weight"].metadata["para_dict"]["selection"]["times_ms"]
+    assert any(name.startswith("rows: ") for name in times), times
+    got = executor(dy, x, w)[1]
+    conv = kernels.Conv3d(2, 6, 12, (3, 9, 11), (3, 5, 6), (3, 3, 3), (1, 2, 2), (1,) * 6,
+                          (1, 1, 1), 6)
+    want = weight_gradient(conv, x, dy)
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())

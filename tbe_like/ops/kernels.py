@@ -432,11 +432,18 @@ ROWS_MAX_COLUMNS = 16
 ROWS_LANES = 16
 
 
+def depthwise(conv: Conv3d) -> bool:
+    """Whether every group of ``conv`` has one input channel (depthwise, with any channel
+    multiplier), more than one group."""
+    return conv.groups > 1 and conv.groups == conv.cin
+
+
 def rows_applies(conv: Conv3d) -> bool:
-    """Whether ``grad_weight_rows`` builds ``conv``'s weight gradient: no groups, at most
-    ``ROWS_MAX_CHANNELS`` input channels and ``ROWS_MAX_COLUMNS`` kernel columns."""
-    return (conv.groups == 1 and conv.cin <= ROWS_MAX_CHANNELS
-            and conv.kernel[2] <= ROWS_MAX_COLUMNS)
+    """Whether ``grad_weight_rows`` builds ``conv``'s weight gradient: no groups and at most
+    ``ROWS_MAX_CHANNELS`` input channels, or a depthwise layer (:func:`depthwise`); at most
+    ``ROWS_MAX_COLUMNS`` kernel columns."""
+    few = conv.groups == 1 and conv.cin <= ROWS_MAX_CHANNELS
+    return (few or depthwise(conv)) and conv.kernel[2] <= ROWS_MAX_COLUMNS
 
 
 def _x_reach(conv: Conv3d) -> tuple[int, int, int]:
@@ -477,9 +484,14 @@ def grad_weight_rows(conv: Conv3d, prec: Precision,
     contiguous), dy's rows padded to whole vectors where Wo is not one
     (``stages.DW_ROWS_DY``); dy is otherwise read in place and the result written as the
     user's OIDHW, with no packing stage.
+
+    A depthwise layer's (:func:`depthwise`) output channel reads its own group's one input
+    channel (``ci = co // multiplier``): the packed form computed each group as a block of
+    16 x 16 channels, 15 of every 16 multiply-adds on zeros.
     """
     x = _placeholder(conv.x_shape, names[0], prec.dtype)
     dy = _placeholder(conv.y_shape, names[1], prec.dtype)
+    multiplier = conv.cout // conv.groups
     convert = prec.convert()
     kw, (sd, sh, sw), (dd, dh, dw) = conv.kernel[2], conv.strides, conv.dilations
     do, ho, wo = conv.out_spatial
@@ -510,8 +522,9 @@ def grad_weight_rows(conv: Conv3d, prec: Precision,
     rw = te.reduce_axis((0, row), name="wo")
 
     def body(co, ci, a, b, c):
+        x_ci = co // multiplier if depthwise(conv) else ci
         left_ = convert(dy_row[rn, co, rd, rh, rw]).astype(ACC_DTYPE)
-        right = convert(xs[rn, ci, rd * sd + a * dd, rh * sh + b * dh, c * dw % sw,
+        right = convert(xs[rn, x_ci, rd * sd + a * dd, rh * sh + b * dh, c * dw % sw,
                            rw + c * dw // sw]).astype(ACC_DTYPE)
         return te.sum(left_ * right, axis=[rn, rd, rh, rw])
 
@@ -537,7 +550,7 @@ def outer_applies(conv: Conv3d) -> bool:
     channels (:func:`rows_applies`) with at least a block (``OUTER_BLOCK``) of output channels
     (SlowFast's fast stem, 3 -> 8, took 5.3 ms in this form against 3.5 as rows: half of
     every vector was padding)."""
-    return rows_applies(conv) and conv.cout >= OUTER_BLOCK
+    return conv.groups == 1 and rows_applies(conv) and conv.cout >= OUTER_BLOCK
 
 
 def grad_weight_outer(conv: Conv3d, prec: Precision,
@@ -900,12 +913,6 @@ def _grad_input_transposed(conv: Conv3d, prec: Precision, names) -> Graph:
 # Stride phases of dX up to which its input gradient is also built phase by phase
 # (``grad_input_rows``): a stage each.
 ROWS_MAX_PHASES = 8
-
-
-def depthwise(conv: Conv3d) -> bool:
-    """Whether every group of ``conv`` has one input channel (depthwise, with any channel
-    multiplier), more than one group."""
-    return conv.groups > 1 and conv.groups == conv.cin
 
 
 def input_rows_applies(conv: Conv3d) -> bool:
