@@ -427,7 +427,9 @@ class RowsInputParams:
     cin: int
     cout: int
     phases: tuple[tuple[str, int], ...]
-    depthwise: bool = False  # each dX channel sums its own group's dy channels alone
+    # Input channels per group of a grouped layer (0: one group), whose dX channels each sum
+    # their own group's dy channels alone.
+    group_cin: int = 0
 
 
 FILTER_DEFAULTS = {

@@ -2,8 +2,8 @@
 (``kernels.grad_weight_rows``, ``schedules.llvm.conv3d_backprop_filter_rows``): a form that
 measured selection races against the packed one. Both vector widths' tiles, strides,
 dilations, padding, rows of whole vectors (dy read in place) and not (dy's rows padded),
-depthwise layers, every dtype and the transposed operator, against NumPy; every kernel under
-the bounds proof."""
+depthwise and grouped layers, every dtype and the transposed operator, against NumPy; every
+kernel under the bounds proof."""
 
 from __future__ import annotations
 
@@ -48,6 +48,11 @@ CASES = {  # (conv, dtype, padding (D, H, W) for the reference)
     "depthwise-k3-float16": (conv3d(1, 16, (2, 5, 16), 16, (3, 3, 3), groups=16), "float16"),
     "depthwise-s2-bfloat16": (conv3d(1, 8, (4, 6, 9), 8, (3, 3, 3), stride=2, groups=8),
                               "bfloat16"),
+    # Groups of 2 and 4 input channels (ResNeXt's 4 per group), 6 and 3 output channels each.
+    "groups4-cin2-cout6": (conv3d(1, 8, (2, 5, 11), 24, (3, 3, 3), groups=4), "float32"),
+    "groups2-cin4-cout3-s2": (conv3d(2, 8, (3, 8, 10), 6, (1, 3, 3), stride=2, groups=2),
+                              "float32"),
+    "groups3-cin8-cout4": (conv3d(1, 24, (2, 4, 9), 12, (3, 3, 3), groups=3), "float32"),
 }
 
 
@@ -78,17 +83,21 @@ def test_the_tile_fits_the_registers():
     assert tile(64, 16, 32) == 1
 
 
-def test_only_few_channel_or_depthwise_layers_have_the_form():
+def test_only_layers_of_few_channels_per_group_have_the_form():
     prec = kernels.Precision("float32", "float32")
     stem = conv3d(1, 3, (4, 16, 16), 8, (3, 7, 7), stride=2, pad=3)
     forms = _other_forms(graph_of("grad_weight", stem, prec, target=TARGET),
                          "grad_weight", stem, prec, False, TARGET)
     assert list(forms) == ["rows", "col"]  # 128 positions: the col form races too
     for conv in (conv3d(1, 5, (4, 8, 16), 24, (3, 3, 3)),  # 5 channels
-                 conv3d(1, 4, (4, 8, 16), 8, (3, 3, 3), groups=2),
+                 conv3d(1, 18, (4, 8, 16), 8, (3, 3, 3), groups=2),  # 9 per group
                  conv3d(1, 3, (2, 4, 40), 8, (1, 1, 17), pad=0)):  # 17 columns
         assert not kernels.rows_applies(conv)
-    assert kernels.rows_applies(conv3d(1, 64, (4, 8, 16), 64, (3, 3, 3), groups=64))
+    for conv in (conv3d(1, 64, (4, 8, 16), 64, (3, 3, 3), groups=64),  # depthwise
+                 conv3d(1, 4, (4, 8, 16), 8, (3, 3, 3), groups=2),
+                 conv3d(1, 128, (4, 8, 16), 128, (3, 3, 3), groups=32),  # ResNeXt's
+                 conv3d(1, 256, (4, 8, 16), 256, (3, 3, 3), groups=32)):
+        assert kernels.rows_applies(conv)
 
 
 @pytest.mark.parametrize("transposed", [False, True])

@@ -2,7 +2,7 @@
 of dX at a time (``kernels.grad_input_rows``, ``schedules.llvm.conv3d_backprop_input_rows``):
 a form that measured selection races against the packed one. Both vector widths' tiles; stride
 phases of unequal sizes and tap counts, phases no tap reaches (kernel < stride), dilation,
-asymmetric padding; channel multipliers; every dtype; against NumPy, every kernel under the
+asymmetric padding; depthwise and grouped layers; every dtype; against NumPy, every kernel under the
 bounds proof."""
 
 from __future__ import annotations
@@ -55,6 +55,13 @@ CASES = {  # (conv, dtype)
                                    groups=16), "float16"),
     "depthwise-s222-bfloat16": (_conv(1, 8, (4, 6, 9), 8, (3, 3, 3), (2, 2, 2), (1,) * 6,
                                       groups=8), "bfloat16"),
+    # Groups of 2 and 4 input channels (ResNeXt's 4 per group), 6 and 3 output channels each.
+    "groups4-cin2-cout6": (_conv(1, 8, (2, 5, 11), 24, (3, 3, 3), (1, 1, 1), (1,) * 6,
+                                 groups=4), "float32"),
+    "groups2-cin4-cout3-s122": (_conv(2, 8, (3, 8, 10), 6, (1, 3, 3), (1, 2, 2),
+                                      (0, 0, 1, 1, 1, 1), groups=2), "float32"),
+    "groups3-cin8-cout4": (_conv(1, 24, (2, 4, 9), 12, (3, 3, 3), (1, 1, 1), (1,) * 6,
+                                 groups=3), "float32"),
 }
 
 
@@ -129,26 +136,29 @@ def test_the_tile_fits_the_registers():
     assert vectors(1, 16, 16, 16) == 1
 
 
-def test_only_few_channel_or_depthwise_layers_of_few_phases_have_the_form():
+def test_only_layers_of_few_channels_per_group_and_few_phases_have_the_form():
     prec = kernels.Precision("float32", "float32")
     stem = conv3d(1, 3, (4, 16, 16), 8, (3, 7, 7), stride=2, pad=3)
     forms = _other_forms(graph_of("grad_input", stem, prec, target=TARGET),
                          "grad_input", stem, prec, False, TARGET)
     assert list(forms) == ["col", "rows"]  # 128 positions: the col form races too
     for conv in (conv3d(1, 5, (4, 8, 16), 24, (3, 3, 3)),  # 5 channels
-                 conv3d(1, 4, (4, 8, 16), 8, (3, 3, 3), groups=2),
+                 conv3d(1, 18, (4, 8, 16), 8, (3, 3, 3), groups=2),  # 9 per group
                  _conv(1, 3, (4, 16, 16), 8, (1, 4, 4), (1, 4, 4), (0,) * 6),  # 16 phases
                  _conv(1, 3, (4, 16, 16), 8, (1, 3, 3), (1, 2, 2), (0,) * 6, (1, 1, 2))):
         assert not kernels.input_rows_applies(conv)
-    assert kernels.input_rows_applies(conv3d(1, 64, (4, 8, 16), 64, (3, 3, 3), groups=64))
-    assert kernels.input_rows_applies(conv3d(1, 32, (4, 8, 16), 64, (3, 3, 3), groups=32))
+    for conv in (conv3d(1, 64, (4, 8, 16), 64, (3, 3, 3), groups=64),  # depthwise
+                 conv3d(1, 32, (4, 8, 16), 64, (3, 3, 3), groups=32),  # multiplier 2
+                 conv3d(1, 128, (4, 8, 16), 128, (3, 3, 3), groups=32),  # ResNeXt's
+                 conv3d(1, 256, (4, 8, 16), 256, (3, 3, 3), groups=32)):
+        assert kernels.input_rows_applies(conv)
 
 
-@pytest.mark.parametrize("cin, cout, groups", [(3, 8, 1), (6, 12, 6)])
+@pytest.mark.parametrize("cin, cout, groups", [(3, 8, 1), (6, 12, 6), (8, 12, 4)])
 def test_the_operator_races_it_and_computes_the_same(cin, cout, groups, measuring):
     """Through ``convolution_backward`` from an empty cache: the selection timed the rows
-    form (a stem's and a depthwise layer's), and whichever won, the input gradient equals
-    NumPy's."""
+    form (a stem's, a depthwise layer's, a grouped one's), and whichever won, the input
+    gradient equals NumPy's."""
     rng = np.random.default_rng(9)
     x = rng.standard_normal((2, cin, 2, 12, 13)).astype(np.float32)
     w = rng.standard_normal((cout, cin // groups, 1, 5, 5)).astype(np.float32)

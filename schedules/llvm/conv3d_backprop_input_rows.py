@@ -11,9 +11,9 @@ tap's weight. The columns of a row of the phase are the vector axis, the weights
       (the tile's accumulators written once)
 
 then the result takes each position from its phase's stage, planes in parallel. dy is padded
-once (``stages.DX_ROWS_DY``), planes in parallel, rows vectorized. A depthwise layer's
-channels read dy channels of their own: its tile is one channel's vectors of columns, the
-channels in parallel with the rows.
+once (``stages.DX_ROWS_DY``), planes in parallel, rows vectorized. A grouped layer's
+channels read their own group's dy channels: its tile is a group's channels x vectors of
+columns, the groups in parallel with the rows.
 """
 
 from __future__ import annotations
@@ -53,16 +53,16 @@ def schedule(sch, p: RowsInputParams, target, knobs: Heuristic | None = None):
             fuse_parallel_vectorize(sch, name, 3, target)
             continue
         n, ci, d, h, c, co, td, th, tw = loops
-        tile_cin = 1 if p.depthwise else p.cin
-        v = vectors(tile_cin, columns, lanes, vector_registers(target))
+        v = vectors(p.group_cin or p.cin, columns, lanes, vector_registers(target))
         c_o, c_v, lane = sch.split(c, [None, v, lanes])
-        if p.depthwise:  # a channel's own dy: the channels are rows of their own
-            sch.reorder(n, ci, d, h, c_o, co, td, th, tw, c_v, lane)
-            parallel(sch, [n, ci, d, h], target)
+        if p.group_cin:  # a group's channels share its dy vectors: groups in parallel
+            g, ci = sch.split(ci, [None, p.group_cin])
+            sch.reorder(n, g, d, h, c_o, co, td, th, tw, ci, c_v, lane)
+            parallel(sch, [n, g, d, h], target)
         else:
             sch.reorder(n, d, h, c_o, co, td, th, tw, ci, c_v, lane)
             parallel(sch, [n, d, h], target)
-            sch.unroll(ci)
+        sch.unroll(ci)
         sch.unroll(c_v)
         sch.vectorize(lane)
         init = sch.decompose_reduction(block, co)

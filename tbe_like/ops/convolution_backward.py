@@ -391,9 +391,10 @@ def _other_forms(graph: kernels.Graph, kind: str, conv: kernels.Conv3d,
     by taps (``kernels.grad_weight_outer``: I3D's stem 4.8 -> 3.7 ms, SlowFast's slow stem
     1.7 -> 1.2 ms against the rows form) and its input gradient one stride phase at a time
     (``kernels.grad_input_rows``: the fast stem 32.5 -> 3.2 ms, I3D's 39 -> 6.4 ms); a
-    depthwise layer has both rows forms too, each channel with its own channels alone (the
-    packed form multiplies 16 x 16 blocks for each group: X3D-M's 3x3x3 layer on 16x56x56,
-    weight 15.2 -> 3.3 ms, input 18.9 -> 2.6 ms), and
+    grouped layer of at most 8 channels per group has both rows forms too, each channel with
+    its own group's channels alone (the packed form multiplies groups merged into 16 x 16
+    blocks: X3D-M's depthwise 3x3x3 layer on 16x56x56, weight 15.2 -> 3.3 ms, input 18.9 ->
+    2.6 ms), and
     either gradient of a layer of at most 256 positions as one GEMM over an im2col matrix in
     the user's layout
     (``kernels.grad_weight_col``, ``grad_input_col``: c3d conv4a's input gradient 3.3 ->

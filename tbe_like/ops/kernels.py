@@ -432,18 +432,27 @@ ROWS_MAX_COLUMNS = 16
 ROWS_LANES = 16
 
 
-def depthwise(conv: Conv3d) -> bool:
-    """Whether every group of ``conv`` has one input channel (depthwise, with any channel
-    multiplier), more than one group."""
-    return conv.groups > 1 and conv.groups == conv.cin
+# Input channels per group up to which a grouped layer's gradients are also built as rows
+# (``grad_weight_rows``, ``grad_input_rows``): the packed form merges groups into blocks of 16
+# channels, and with 8 or fewer per group half or more of its multiply-adds are on zeros.
+# (ResNeXt's 8 per group, 256 channels on 8x14x14, Zen 4: weight 1.15 -> 0.97 ms, input 1.23 ->
+# 0.99; 6 per group: 2.05 -> 0.56 and 1.76 -> 0.65.)
+GROUP_ROWS_MAX_CHANNELS = 8
+
+
+def few_channels(conv: Conv3d) -> bool:
+    """Whether each group of ``conv`` has few input channels: at most ``ROWS_MAX_CHANNELS``
+    without groups (a stem's 1-4), at most ``GROUP_ROWS_MAX_CHANNELS`` per group (a depthwise
+    layer's one, with any channel multiplier; ResNeXt's 4 or 8)."""
+    if conv.groups == 1:
+        return conv.cin <= ROWS_MAX_CHANNELS
+    return conv.cin // conv.groups <= GROUP_ROWS_MAX_CHANNELS
 
 
 def rows_applies(conv: Conv3d) -> bool:
-    """Whether ``grad_weight_rows`` builds ``conv``'s weight gradient: no groups and at most
-    ``ROWS_MAX_CHANNELS`` input channels, or a depthwise layer (:func:`depthwise`); at most
-    ``ROWS_MAX_COLUMNS`` kernel columns."""
-    few = conv.groups == 1 and conv.cin <= ROWS_MAX_CHANNELS
-    return (few or depthwise(conv)) and conv.kernel[2] <= ROWS_MAX_COLUMNS
+    """Whether ``grad_weight_rows`` builds ``conv``'s weight gradient: few input channels per
+    group (:func:`few_channels`), at most ``ROWS_MAX_COLUMNS`` kernel columns."""
+    return few_channels(conv) and conv.kernel[2] <= ROWS_MAX_COLUMNS
 
 
 def _x_reach(conv: Conv3d) -> tuple[int, int, int]:
@@ -485,13 +494,13 @@ def grad_weight_rows(conv: Conv3d, prec: Precision,
     (``stages.DW_ROWS_DY``); dy is otherwise read in place and the result written as the
     user's OIDHW, with no packing stage.
 
-    A depthwise layer's (:func:`depthwise`) output channel reads its own group's one input
-    channel (``ci = co // multiplier``): the packed form computed each group as a block of
-    16 x 16 channels, 15 of every 16 multiply-adds on zeros.
+    A grouped layer's output channel reads its own group's input channels (``ci`` of the
+    filter is the ``ci``-th of them): the packed form computes groups merged into blocks of 16
+    x 16 channels, on a depthwise layer 15 of every 16 multiply-adds on zeros.
     """
     x = _placeholder(conv.x_shape, names[0], prec.dtype)
     dy = _placeholder(conv.y_shape, names[1], prec.dtype)
-    multiplier = conv.cout // conv.groups
+    cin_g, cout_g = conv.cin // conv.groups, conv.cout // conv.groups
     convert = prec.convert()
     kw, (sd, sh, sw), (dd, dh, dw) = conv.kernel[2], conv.strides, conv.dilations
     do, ho, wo = conv.out_spatial
@@ -522,7 +531,7 @@ def grad_weight_rows(conv: Conv3d, prec: Precision,
     rw = te.reduce_axis((0, row), name="wo")
 
     def body(co, ci, a, b, c):
-        x_ci = co // multiplier if depthwise(conv) else ci
+        x_ci = co // cout_g * cin_g + ci if conv.groups > 1 else ci
         left_ = convert(dy_row[rn, co, rd, rh, rw]).astype(ACC_DTYPE)
         right = convert(xs[rn, x_ci, rd * sd + a * dd, rh * sh + b * dh, c * dw % sw,
                            rw + c * dw // sw]).astype(ACC_DTYPE)
@@ -916,13 +925,10 @@ ROWS_MAX_PHASES = 8
 
 
 def input_rows_applies(conv: Conv3d) -> bool:
-    """Whether ``grad_input_rows`` builds ``conv``'s input gradient: no groups and at most
-    ``ROWS_MAX_CHANNELS`` input channels, or a depthwise layer (:func:`depthwise`); at most
-    ``ROWS_MAX_PHASES`` stride phases, and no axis both strided and dilated (a phase's taps
-    are then every s-th, or every one)."""
-    few = conv.groups == 1 and conv.cin <= ROWS_MAX_CHANNELS
-    return ((few or depthwise(conv))
-            and math.prod(conv.strides) <= ROWS_MAX_PHASES
+    """Whether ``grad_input_rows`` builds ``conv``'s input gradient: few input channels per
+    group (:func:`few_channels`), at most ``ROWS_MAX_PHASES`` stride phases, and no axis
+    both strided and dilated (a phase's taps are then every s-th, or every one)."""
+    return (few_channels(conv) and math.prod(conv.strides) <= ROWS_MAX_PHASES
             and all(s == 1 or d == 1 for s, d in zip(conv.strides, conv.dilations,
                                                       strict=True)))
 
@@ -970,9 +976,9 @@ def grad_input_rows(conv: Conv3d, prec: Precision,
     it (``stages.DX_ROWS``: no multiply-add on a zero tap), and the result interleaves them
     (``stages.DX_ROWS_RES``).
 
-    A depthwise layer's (:func:`depthwise`) channel sums only its own group's output
-    channels (``co = ci * multiplier + m``): the packed form computed each group as a block of
-    16 x 16 channels, 15 of every 16 multiply-adds on zeros (X3D's 3x3x3 layers).
+    A grouped layer's channel sums only its own group's output channels: the packed form
+    computes groups merged into blocks of 16 x 16 channels, on a depthwise layer (X3D's
+    3x3x3 layers) 15 of every 16 multiply-adds on zeros.
     """
     dy = _placeholder(conv.y_shape, names[0], prec.dtype)
     w = _placeholder(conv.w_shape, names[1], prec.dtype)
@@ -995,19 +1001,19 @@ def grad_input_rows(conv: Conv3d, prec: Precision,
 
     dyp = te.compute((conv.batch, conv.cout, *ends), dy_body, name=stages.DX_ROWS_DY,
                      tag=stages.tag(INPUT_ROWS_OP, "dy"))
-    grouped = depthwise(conv)
-    per_group = conv.cout // conv.groups
+    cin_g, cout_g = conv.cin // conv.groups, conv.cout // conv.groups
 
     def phase_body(pd_: _Phase, ph_: _Phase, pw_: _Phase):
-        rco = te.reduce_axis((0, per_group), name="co")
+        rco = te.reduce_axis((0, cout_g), name="co")
         rd = te.reduce_axis((0, pd_.taps), name="td")
         rh = te.reduce_axis((0, ph_.taps), name="th")
         rw = te.reduce_axis((0, pw_.taps), name="tw")
         sd, sh, sw = conv.strides
 
         def body(n, ci, a, b, c):
-            # a depthwise channel's own output channels, its weights' only input channel
-            co, wci = (ci * per_group + rco, 0) if grouped else (rco, ci)
+            # the output channels of ci's group; ci's place in the group's filter
+            co, wci = ((ci // cin_g * cout_g + rco, ci % cin_g) if conv.groups > 1
+                       else (rco, ci))
             left_ = dyp[n, co, pd_.first + a - rd * pd_.reach + lead[0],
                         ph_.first + b - rh * ph_.reach + lead[1],
                         pw_.first + c - rw * pw_.reach + lead[2]]
@@ -1053,7 +1059,7 @@ def grad_input_rows(conv: Conv3d, prec: Precision,
                      tag=stages.tag(INPUT_ROWS_OP, "res"))
     p = RowsInputParams(conv.batch, conv.cin, conv.cout,
                         tuple((f"{stages.DX_ROWS}_{k[0]}_{k[1]}_{k[2]}", row[k[2]])
-                              for k in staged), grouped)
+                              for k in staged), cin_g if conv.groups > 1 else 0)
     return Graph(INPUT_ROWS_OP, p, [dy, w], out, ["NCDHW", "NCDHW", "NCDHW"],
                  flops=conv.flops())
 
