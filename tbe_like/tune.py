@@ -57,6 +57,12 @@ CALL_GAP_SECONDS = 20e-6
 # timing candidates: timing allocates a second set of arguments beside the caller's (a 4e9-
 # element volume is 17 GB of them) and one call of each candidate takes seconds.
 MEASURE_MAX_BYTES = 1 << 30
+# Seconds of compiling after which measured selection starts no further candidate (the first
+# always builds): a first build then takes at most about this, the slowest candidate's compile
+# and MEASURE_SECONDS. Every form's first candidate is compiled before any form's second
+# (:func:`_options`). (A 5x5x5 stride-2 input gradient's 8 stride-phase stages took 1.2-5.8 s
+# to compile per candidate, Zen 4: 11 s for its first build with every candidate.)
+MEASURE_BUILD_SECONDS = 5.0
 SHIPPED_RECORDS = Path(__file__).resolve().parent / "records"
 RECORD_FILES = ("database_workload.json", "database_tuning_record.json")
 RECORDS_LOCK = ".tbe_like_records.lock"  # in a records folder: see _records_lock
@@ -325,20 +331,26 @@ def _arguments(func, dev) -> list:
     return args
 
 
-def _runners(funcs: list, target: Target, symbol: str = "main"
-             ) -> tuple[list[Callable[[], float]], list]:
+def _runners(funcs: list, target: Target, symbol: str = "main", budget: float = math.inf
+             ) -> tuple[list[Callable[[], float] | None], list]:
     """Compile scheduled ``funcs`` (schedules of one workload: the same parameters) as
     functions named ``symbol``, on as many threads as the machine has cores (TVM's passes and
     LLVM release the GIL for part of it); return for each a function that times one call,
     after one warm-up call here (the arguments are made once and shared), and the
-    executables."""
+    executables. A function whose compilation would start more than ``budget`` seconds after
+    the first's is not compiled (None in both lists); the first always is."""
     from concurrent.futures import ThreadPoolExecutor
 
     from ._tvm import tvm
     from .bounds import compile_checked
     from .target import cpu_count
 
-    def build(func):
+    start = time.perf_counter()
+
+    def build(indexed):
+        index, func = indexed
+        if index and time.perf_counter() - start > budget:
+            return None, None
         mod = IRModule({"main": func.with_attr("global_symbol", symbol)})
         executable = compile_checked(mod, target, "a measured candidate")
         # Looking the function up generates its machine code (LLVM's JIT, 0.2-0.5 s for a
@@ -346,7 +358,7 @@ def _runners(funcs: list, target: Target, symbol: str = "main"
         return executable, executable[symbol]
 
     with ThreadPoolExecutor(max_workers=max(1, min(len(funcs), cpu_count()))) as pool:
-        executables, kernels = zip(*pool.map(build, funcs), strict=True)
+        executables, kernels = zip(*pool.map(build, enumerate(funcs)), strict=True)
     executables = list(executables)
     dev = tvm.runtime.device("cpu" if str(target.kind.name) == "llvm" else "cuda", 0)
     args = _arguments(funcs[0], dev)
@@ -367,7 +379,7 @@ def _runners(funcs: list, target: Target, symbol: str = "main"
         once()
         return once
 
-    return [timer(kernel) for kernel in kernels], executables
+    return [timer(kernel) if kernel is not None else None for kernel in kernels], executables
 
 
 def _idle(seconds: float) -> None:
@@ -594,10 +606,15 @@ class Selection:
     times: dict[str, float]
     seconds: float
     executable: Any = field(default=None, repr=False, compare=False)
+    # Candidates left uncompiled when compiling ran past ``MEASURE_BUILD_SECONDS``.
+    skipped: tuple[str, ...] = ()
 
     def as_dict(self) -> dict:
-        return {"choice": self.choice, "seconds": round(self.seconds, 3),
-                "times_ms": {k: round(v * 1e3, 4) for k, v in self.times.items()}}
+        found = {"choice": self.choice, "seconds": round(self.seconds, 3),
+                 "times_ms": {k: round(v * 1e3, 4) for k, v in self.times.items()}}
+        if self.skipped:
+            found["skipped"] = list(self.skipped)
+        return found
 
 
 def measuring(target: Target) -> bool:
@@ -625,19 +642,29 @@ def _options(forms) -> list[tuple[str, Any, Any]]:
     with the name a selection gives it (``"rows: Heuristic(lanes=8)"``, ``"rule"``): each
     form's candidates scheduled from one module of its own (scheduled again from a second
     ``workload`` of the same PrimFunc, the rows form failed), a schedule that another knobs
-    value gave already left out (it would be compiled and timed twice)."""
+    value gave already left out (it would be compiled and timed twice). In turns: every
+    form's first candidate, then every form's second, ... (``MEASURE_BUILD_SECONDS`` may
+    leave the last ones uncompiled)."""
+    from itertools import zip_longest
+
     from tvm_ffi import structural_hash
 
     from ._tvm import s_tir
 
-    distinct: dict[int, tuple[str, Any, Any]] = {}
+    scheduled = []
     for form in forms:
         mod = workload(form.func)
+        own = []
         for knobs in form.candidates:
             sch = form.schedule_with(s_tir.Schedule(mod), knobs)
             name = str(knobs) if knobs is not None else "rule"
-            name = f"{form.name}: {name}" if form.name else name
-            distinct.setdefault(structural_hash(sch.mod), (name, sch, mod))
+            own.append((f"{form.name}: {name}" if form.name else name, sch, mod))
+        scheduled.append(own)
+    distinct: dict[int, tuple[str, Any, Any]] = {}
+    for turn in zip_longest(*scheduled):
+        for option in turn:
+            if option is not None:
+                distinct.setdefault(structural_hash(option[1].mod), option)
     return list(distinct.values())
 
 
@@ -663,9 +690,13 @@ def measured_schedule(func, schedule_with: Callable[[Any, Any], Any], candidates
     options = _options((Form("", func, schedule_with, candidates), *alternatives))
     if len(options) == 1:
         return options[0][1], None
-    runners, executables = _runners([sch.mod["main"] for _, sch, _ in options], target, symbol)
+    runners, executables = _runners([sch.mod["main"] for _, sch, _ in options], target, symbol,
+                                    MEASURE_BUILD_SECONDS)
+    built = [i for i, run in enumerate(runners) if run is not None]
     first = time.perf_counter()
-    times = _first_times(runners)
+    times = [math.inf] * len(options)
+    for i, t in zip(built, _first_times([runners[i] for i in built]), strict=True):
+        times[i] = t
     # Candidates far behind after their first calls are out; the others race within what is
     # left of the budget.
     close = [i for i, t in enumerate(times) if t <= MEASURE_CUTOFF * min(times)]
@@ -682,8 +713,9 @@ def measured_schedule(func, schedule_with: Callable[[Any, Any], Any], candidates
                                       target, ArgInfo.from_prim_func(func))
     replace_record(records if records is not None else measured_records_dir(), mod, target,
                    record, [times[best]])
-    selection = Selection(name, {n: t for (n, _, _), t in zip(options, times, strict=True)},
-                          time.perf_counter() - start, executables[best])
+    selection = Selection(name, {options[i][0]: times[i] for i in built},
+                          time.perf_counter() - start, executables[best],
+                          tuple(n for i, (n, _, _) in enumerate(options) if i not in built))
     return sch, selection
 
 

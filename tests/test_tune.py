@@ -382,6 +382,42 @@ def test_measured_selection_races_the_direct_form_too(measuring, monkeypatch, ki
     np.testing.assert_allclose(second(*arrays), first(*arrays), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("budget", [0.0, 60.0])
+def test_compiling_past_the_budget_starts_no_more_candidates(measuring, monkeypatch, budget):
+    """Every form's first candidate is compiled before any form's second; once compiling has
+    taken ``MEASURE_BUILD_SECONDS`` no further candidate starts (the first always builds),
+    the selection names the ones left out, and the kernel still computes the gradient."""
+    from tbe_like.ops.convolution_backward import _other_forms
+
+    monkeypatch.setattr(tune, "MEASURE_BUILD_SECONDS", budget)
+    target = host_target()
+    conv = kernels.Conv3d(1, 16, 16, (2, 8, 17), (2, 8, 17), (3, 3, 3), (1, 1, 1), (1,) * 6,
+                          (1, 1, 1), 1)
+    prec = kernels.Precision("float32", "float32")
+    graph = graph_of("grad_weight", conv, prec, target=target)
+    forms = _other_forms(graph, "grad_weight", conv, prec, False, target)
+    assert list(forms) == ["direct"]
+    kernel = kernels.build(graph, target, measuring / "k", "k", graph.op, {},
+                           alternatives=forms)
+    selection = kernel.metadata["para_dict"]["selection"]
+    timed, skipped = list(selection["times_ms"]), selection.get("skipped", [])
+    if budget:
+        assert not skipped and len(timed) >= 3
+        assert not timed[0].startswith("direct: ") and timed[1].startswith("direct: ")
+    else:
+        assert timed == [selection["choice"]] and not timed[0].startswith("direct: ")
+        assert skipped[0].startswith("direct: ") and len(skipped) >= 2
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal(conv.x_shape).astype(np.float32)
+    dy = rng.standard_normal(conv.y_shape).astype(np.float32)
+    want = ref.convolution_backward(dy.astype(np.float64), x.astype(np.float64),
+                                    np.zeros(conv.w_shape), stride=[1] * 3, padding=[1] * 3,
+                                    dilation=[1] * 3, transposed=False,
+                                    output_padding=[0] * 3, groups=1,
+                                    output_mask=(False, True, False))[1]
+    np.testing.assert_allclose(kernel(x, dy), want, rtol=0, atol=2e-5 * np.abs(want).max())
+
+
 def test_a_shipped_record_is_raced_once_against_the_other_forms(measuring, monkeypatch):
     """A record shipped with the package predates the kernel's other forms: the first build
     times its schedule against them and stores the winner in the user's records; the next
