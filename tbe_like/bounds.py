@@ -534,7 +534,7 @@ def compile_checked(mod, target, what: str = "kernel"):
         except OutOfBoundsError:
             assert_in_bounds(mod, what)
         assert_single_writes(prepared, what)
-        with tvm.transform.PassContext(config=build_config(target)):
+        with tvm.transform.PassContext(config=build_config(target, prepared)):
             return tvm.compile(prepared, target=target)
     except RecursionError:
         raise KernelTooDeepError(f"{what}: its expressions are nested too deeply to build "

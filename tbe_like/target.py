@@ -31,7 +31,7 @@ import os
 import re
 from typing import Any
 
-from ._tvm import Target, target_codegen
+from ._tvm import Target, target_codegen, tirx
 
 # The x86 features a kernel's vector code may use, widest first, with the fp32 lanes they give.
 _VECTOR_FEATURES = (("avx512f", 16), ("avx2", 8), ("avx", 8), ("sse2", 4))
@@ -168,17 +168,55 @@ def resolve_target(target: Any = None) -> Target:
     return Target(config)
 
 
-def build_config(target: Target) -> dict:
-    """PassContext options a target's kernels must be compiled with.
+# Stores a CPU kernel's unrolled loops make (:func:`unrolled_stores`) past which TVM's own
+# common-subexpression elimination is left to LLVM's: its time grows faster than the code.
+# A 5x5x5 stride-2 input gradient's candidate of 5145 took 6.3 s to compile, 2.8 of them in
+# ``CommonSubexprElim``, 3.2 s without it, as fast a kernel (4.75 / 4.68 ms, Zen 4). Of the
+# suite's 5531 candidate modules 107 make more (direct input gradients with W's taps unrolled,
+# stride-phase tiles): one of each layer and form, with and without, ran alike (geometric mean
+# 0.99 over 32, 0.89-1.07) and compiled in 33 s instead of 41. Most make tens to hundreds,
+# where the pass pays (without it an R(2+1)D 256 -> 576 (1,3,3) weight gradient ran 3x slower:
+# it pulls out the index arithmetic a tile's steps share).
+CSE_MAX_UNROLLED_STORES = 1000
+
+
+def unrolled_stores(mod) -> int:
+    """How many stores the functions of ``mod`` hold once their unrolled loops are unrolled:
+    each store counted once per iteration of the unrolled loops around it."""
+    def count(stmt) -> int:
+        if isinstance(stmt, tirx.For):
+            times = (int(stmt.extent) if stmt.kind == tirx.ForKind.UNROLLED
+                     and isinstance(stmt.extent, tirx.IntImm) else 1)
+            return times * count(stmt.body)
+        if isinstance(stmt, tirx.SeqStmt):
+            return sum(count(s) for s in stmt.seq)
+        if isinstance(stmt, tirx.BufferStore):
+            return 1
+        if isinstance(stmt, tirx.IfThenElse):
+            return count(stmt.then_case) + (count(stmt.else_case)
+                                            if stmt.else_case is not None else 0)
+        inner = getattr(stmt, "body", None) or getattr(stmt, "block", None)
+        return count(inner) if inner is not None else 0
+
+    return sum(count(f.body) for f in mod.functions.values() if isinstance(f, tirx.PrimFunc))
+
+
+def build_config(target: Target, mod=None) -> dict:
+    """PassContext options a target's kernels must be compiled with (``mod``: the module to
+    build, where its size decides an option).
 
     CUDA: TVM 0.27's storage rewrite lets a float32 shared-memory buffer (the staged tensor-core
     accumulators) reuse the memory of a float16 one and then fails ("tvm_access_ptr element type
     must match the source buffer"), so it is switched off for CUDA kernels. Copies to shared
     memory that a software pipeline marks asynchronous become ``cp.async`` (sm_80 and newer;
-    TVM leaves them plain copies where the PTX instruction does not exist).
+    TVM leaves them plain copies where the PTX instruction does not exist). CPU: a kernel whose
+    unrolled loops make more than ``CSE_MAX_UNROLLED_STORES`` stores is compiled without TVM's
+    common-subexpression elimination.
     """
     if str(target.kind.name) == "cuda":
         return {"tirx.disable_storage_rewrite": True, "tirx.use_async_copy": True}
+    if mod is not None and unrolled_stores(mod) > CSE_MAX_UNROLLED_STORES:
+        return {"tirx.disable_cse_tir": True}
     return {}
 
 

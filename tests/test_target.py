@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from tbe_like.schedules import Heuristic
 
-from tbe_like._tvm import IRModule, Target, s_tir
+from tbe_like import target as target_module
+from tbe_like._tvm import IRModule, Target, s_tir, tvm
 from tbe_like.bounds import compile_checked
 from tbe_like.ops import kernels
 from tbe_like.target import (
+    CSE_MAX_UNROLLED_STORES,
+    build_config,
     cpu_features,
     host_cpu,
     host_cpu_flags,
     host_mattr,
     host_target,
     resolve_target,
+    unrolled_stores,
     vector_lanes,
 )
 
@@ -77,3 +83,39 @@ def test_kernels_for_a_cpu_without_avx512_have_no_zmm_code(cpu):
                            graph, target)
     asm = compile_checked(sch.mod, target).mod.inspect_source("asm")
     assert "ymm" in asm and "zmm" not in asm
+
+
+
+def test_a_kernel_of_many_unrolled_stores_is_built_without_tvms_cse(monkeypatch):
+    """A 5x5x5 stride-2 input gradient's AVX-512 tile unrolls to thousands of stores: TVM's
+    common-subexpression elimination, whose time grows faster than the code, is left to
+    LLVM's there, and kept for smaller ones. The kernel built either way computes
+    the same gradient."""
+    host = host_target()
+    big = kernels.Conv3d(1, 16, 16, (4, 8, 16), (2, 4, 8), (5, 5, 5), (2, 2, 2), (2,) * 6,
+                         (1, 1, 1), 1)
+    small = kernels.Conv3d(1, 16, 16, (2, 4, 8), (2, 4, 8), (3, 3, 3), (1, 1, 1), (1,) * 6,
+                           (1, 1, 1), 1)
+    mods = {}
+    for name, conv in (("big", big), ("small", small)):
+        graph = kernels.grad_input(conv, kernels.Precision("float32", "float32"))
+        sch = s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)}))
+        mods[name] = (graph, kernels.schedule(sch, graph, host, Heuristic(lanes=16)).mod)
+    stores = {name: unrolled_stores(mod) for name, (_, mod) in mods.items()}
+    assert stores["big"] > CSE_MAX_UNROLLED_STORES > stores["small"], stores
+    assert build_config(host, mods["big"][1]) == {"tirx.disable_cse_tir": True}
+    assert build_config(host, mods["small"][1]) == {} == build_config(host)
+    graph, mod = mods["big"]
+    rng = np.random.default_rng(3)
+    args = [rng.standard_normal([int(d) for d in t.shape]).astype(np.float32)
+            for t in graph.inputs]
+
+    def run():
+        fn = compile_checked(mod, host)["main"]
+        out = tvm.runtime.empty(list(graph.result_shape()), "float32", tvm.cpu())
+        fn(*[tvm.runtime.tensor(a) for a in args], out)
+        return out.numpy()
+
+    without = run()
+    monkeypatch.setattr(target_module, "build_config", lambda target, mod=None: {})
+    np.testing.assert_allclose(without, run(), rtol=1e-6, atol=1e-5)
