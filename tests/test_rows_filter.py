@@ -112,17 +112,17 @@ def test_the_operator_races_it_and_computes_the_same(transposed, measuring):
 def test_the_operator_races_it_on_a_depthwise_layer(measuring):
     """A depthwise layer of channel multiplier 2 through ``convolution_backward`` from an
     empty cache: the selection timed the rows form, and the weight gradient equals NumPy's."""
+    conv = kernels.Conv3d(2, 6, 12, (3, 9, 11), (3, 5, 6), (3, 3, 3), (1, 2, 2), (1,) * 6,
+                          (1, 1, 1), 6)
     rng = np.random.default_rng(10)
-    x = rng.standard_normal((2, 6, 3, 9, 11)).astype(np.float32)
-    w = rng.standard_normal((12, 1, 3, 3, 3)).astype(np.float32)
-    dy = rng.standard_normal((2, 12, 3, 5, 6)).astype(np.float32)
-    kw = dict(bias_sizes=None, stride=(1, 2, 2), padding=1, dilation=1, transposed=False,
-              output_padding=0, groups=6, output_mask=(False, True, False))
-    executor = ops.prepare_convolution_backward(dy, x, w, **kw)
+    x, w, dy = (rng.standard_normal(shape).astype(np.float32)
+                for shape in (conv.x_shape, conv.w_shape, conv.y_shape))
+    executor = ops.prepare_convolution_backward(
+        dy, x, w, bias_sizes=None, stride=conv.strides, padding=1, dilation=1,
+        transposed=False, output_padding=0, groups=conv.groups,
+        output_mask=(False, True, False))
     times = executor.kernels["grad_weight"].metadata["para_dict"]["selection"]["times_ms"]
     assert any(name.startswith("rows: ") for name in times), times
     got = executor(dy, x, w)[1]
-    conv = kernels.Conv3d(2, 6, 12, (3, 9, 11), (3, 5, 6), (3, 3, 3), (1, 2, 2), (1,) * 6,
-                          (1, 1, 1), 6)
     want = weight_gradient(conv, x, dy)
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
