@@ -126,3 +126,22 @@ def test_the_operator_races_it_on_a_depthwise_layer(measuring):
     got = executor(dy, x, w)[1]
     want = weight_gradient(conv, x, dy)
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
+
+
+def test_the_operator_races_it_on_a_transposed_grouped_layer(measuring):
+    """A transposed layer of 4 groups (its weight gradient is a grouped one of 3 channels per
+    group) from an empty cache: the selection timed the rows form, and the weight gradient
+    equals NumPy's."""
+    from tbe_like.testing import reference as ref
+
+    rng = np.random.default_rng(11)
+    x, w, dy = (rng.standard_normal(shape).astype(np.float32)
+                for shape in ((2, 8, 3, 6, 7), (8, 3, 3, 3, 3), (2, 12, 3, 12, 14)))
+    common = dict(stride=[1, 2, 2], padding=[1, 1, 1], dilation=[1, 1, 1], transposed=True,
+                  output_padding=[0, 1, 1], groups=4, output_mask=(False, True, False))
+    executor = ops.prepare_convolution_backward(dy, x, w, bias_sizes=None, **common)
+    times = executor.kernels["grad_weight"].metadata["para_dict"]["selection"]["times_ms"]
+    assert any(name.startswith("rows: ") for name in times), times
+    want = ref.convolution_backward(*(a.astype(np.float64) for a in (dy, x, w)), **common)[1]
+    got = executor(dy, x, w)[1]
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())

@@ -377,7 +377,7 @@ def grad_weight_dot(conv: Conv3d, prec: Precision,
     # dy, and x where its positions are dy's, seen as (N, C, P) (``Graph.arg_shapes``): a
     # vector of positions is then one contiguous load. Indexed by (d, h, w), a vector that
     # crosses a row (28-wide maps: 784 positions in vectors of 16) was gathered lane by
-    # lane: SlowFast's fast 8 -> 32 shortcut on 16x28x28 took 0.41 ms, 0.04 as (N, C, P).
+    # lane: SlowFast's fast 8 -> 32 shortcut on 16x28x28 took 0.41 ms, 0.06 as (N, C, P).
     dy = _placeholder((conv.batch, conv.cout, positions), names[1], prec.dtype)
 
     def at(p):
