@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import NP_DTYPES, RTOL, conv3d, run_form
 from tbe_like.schedules.common import HEURISTIC_LANES
-from tbe_like.schedules.llvm.conv3d_backprop_input_rows import vectors
+from tbe_like.schedules.llvm.conv3d_backprop_input_rows import rows_tile, vectors
 
 from tbe_like import ops
 from tbe_like.ops import kernels
@@ -134,6 +134,11 @@ def test_the_tile_fits_the_registers():
     assert vectors(3, 64, 8, 16) == 4
     assert vectors(4, 48, 8, 16) == 2
     assert vectors(1, 16, 16, 16) == 1
+    # A depthwise tile's rows: 2 x 4 vectors of accumulators and dy each beside a weight
+    # (17 of 32), a divisor of the phase's 28 rows; one with 16 registers and 8 vectors.
+    assert rows_tile(4, 28, 32) == 2
+    assert rows_tile(1, 28, 32) == 14
+    assert rows_tile(8, 28, 16) == 1
 
 
 def test_only_layers_of_few_channels_per_group_and_few_phases_have_the_form():
