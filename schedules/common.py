@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tbe_like._tvm import s_tir, tirx
-from tbe_like.lowering import LIVE_ROWS, SOURCE_ROWS, rows_of
+from tbe_like.lowering import LIVE_ROWS, SOURCE_ROWS, iterations, rows_of
 from tbe_like.target import vector_lanes
 
 # Pass as a rule's ``knobs`` to draw the knobs with ``sample_perfect_tile`` instead of fixing
@@ -90,22 +89,6 @@ def vectorize(sch, loop) -> None:
 # takes. A 2D 4x4 patch embedding's weight gradient (0.12 ms) spent about a third of its time
 # waking them for four stages, one of them a 4608-element copy.
 PARALLEL_MIN_ITERATIONS = 32 * 1024
-
-
-def iterations(stmt) -> int:
-    """How many times the innermost blocks under ``stmt`` (a loop) run: the product of the loop
-    extents down each branch, summed over the branches."""
-    if isinstance(stmt, tirx.For):
-        return int(stmt.extent) * iterations(stmt.body)
-    if isinstance(stmt, tirx.SeqStmt):
-        return sum(iterations(s) for s in stmt.seq)
-    if isinstance(stmt, s_tir.SBlockRealize):
-        return max(1, iterations(stmt.block.body))
-    if isinstance(stmt, tirx.IfThenElse):
-        return iterations(stmt.then_case) + (
-            iterations(stmt.else_case) if stmt.else_case is not None else 0)
-    body = getattr(stmt, "body", None)
-    return iterations(body) if body is not None else 0
 
 
 def parallel(sch, loops, target):

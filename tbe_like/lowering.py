@@ -33,6 +33,26 @@ from tvm_ffi import structural_map, structural_walk
 
 from ._tvm import And, BufferReplacer, Call, IRModule, Var, decl_buffer, s_tir, tirx
 
+
+def iterations(stmt, counted=None) -> int:
+    """How many times the innermost blocks under ``stmt`` (a loop) run: the product of the loop
+    extents down each branch, summed over the branches. ``counted(loop)``: whether a loop's
+    extent counts (default every loop; the unrolled ones alone: how many copies of the blocks
+    unrolling makes)."""
+    if isinstance(stmt, tirx.For):
+        times = (int(stmt.extent) if counted is None or counted(stmt) else 1)
+        return times * iterations(stmt.body, counted)
+    if isinstance(stmt, tirx.SeqStmt):
+        return sum(iterations(s, counted) for s in stmt.seq)
+    if isinstance(stmt, s_tir.SBlockRealize):
+        return max(1, iterations(stmt.block.body, counted))
+    if isinstance(stmt, tirx.IfThenElse):
+        return iterations(stmt.then_case, counted) + (
+            iterations(stmt.else_case, counted) if stmt.else_case is not None else 0)
+    body = getattr(stmt, "body", None)
+    return iterations(body, counted) if body is not None else 0
+
+
 # The address alignment TVM declares its parameter buffers with (bytes).
 DEFAULT_PARAM_ALIGNMENT = 64
 

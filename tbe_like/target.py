@@ -181,24 +181,15 @@ CSE_MAX_UNROLLED_STORES = 1000
 
 
 def unrolled_stores(mod) -> int:
-    """How many stores the functions of ``mod`` hold once their unrolled loops are unrolled:
-    each store counted once per iteration of the unrolled loops around it."""
-    def count(stmt) -> int:
-        if isinstance(stmt, tirx.For):
-            times = (int(stmt.extent) if stmt.kind == tirx.ForKind.UNROLLED
-                     and isinstance(stmt.extent, tirx.IntImm) else 1)
-            return times * count(stmt.body)
-        if isinstance(stmt, tirx.SeqStmt):
-            return sum(count(s) for s in stmt.seq)
-        if isinstance(stmt, tirx.BufferStore):
-            return 1
-        if isinstance(stmt, tirx.IfThenElse):
-            return count(stmt.then_case) + (count(stmt.else_case)
-                                            if stmt.else_case is not None else 0)
-        inner = getattr(stmt, "body", None) or getattr(stmt, "block", None)
-        return count(inner) if inner is not None else 0
+    """How many stores the functions of ``mod`` make once their unrolled loops are unrolled:
+    each block (one store) counted once per iteration of the unrolled loops around it."""
+    from .lowering import iterations
 
-    return sum(count(f.body) for f in mod.functions.values() if isinstance(f, tirx.PrimFunc))
+    def unrolled(loop) -> bool:
+        return loop.kind == tirx.ForKind.UNROLLED and isinstance(loop.extent, tirx.IntImm)
+
+    return sum(iterations(f.body, unrolled) for f in mod.functions.values()
+               if isinstance(f, tirx.PrimFunc))
 
 
 def build_config(target: Target, mod=None) -> dict:
