@@ -430,6 +430,8 @@ class RowsInputParams:
     # Input channels per group of a grouped layer (0: one group), whose dX channels each sum
     # their own group's dy channels alone.
     group_cin: int = 0
+    # The layer's strides (d, h, w): the phases per axis, which the result interleaves.
+    strides: tuple[int, int, int] = (1, 1, 1)
 
 
 FILTER_DEFAULTS = {

@@ -146,6 +146,38 @@ def run_form(graph, lanes, args) -> np.ndarray:
     return out.numpy().astype(np.float64)
 
 
+class _Reached(Exception):
+    """Raised once TVM's pipeline has run the pass :func:`lowered_until` waits for."""
+
+
+def lowered_until(mod, name: str, occurrence: int = 1):
+    """``mod``'s ``main`` as TVM's CPU pipeline leaves it after its ``occurrence``-th pass
+    named ``name`` (the build stops there)."""
+    from tbe_like._tvm import tvm as tvm_
+    from tbe_like.lowering import align_params, prepare
+    from tbe_like.target import build_config, host_target
+
+    target = host_target()
+    seen = []
+
+    @tvm_.instrument.pass_instrument
+    class Grab:
+        def run_after_pass(self, module, info):
+            if info.name == name:
+                seen.append(module)
+                if len(seen) == occurrence:
+                    raise _Reached
+
+    try:
+        with tvm_.transform.PassContext(config=build_config(target), instruments=[Grab()]):
+            tvm_.compile(align_params(prepare(mod), target), target=target)
+    except Exception:  # the instrument's stop, as TVM's FFI re-raises it
+        if len(seen) < occurrence:
+            raise
+    assert len(seen) >= occurrence, f"no {occurrence}-th {name} pass"
+    return seen[occurrence - 1]["main"]
+
+
 def stage_names(tensor) -> set[str]:
     """The names of every stage a result is computed from (itself included)."""
     from tbe_like.stages import stage_names as names

@@ -7,13 +7,16 @@ bounds proof."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
-from conftest import NP_DTYPES, RTOL, conv3d, run_form
-from tbe_like.schedules.common import HEURISTIC_LANES
+from conftest import NP_DTYPES, RTOL, conv3d, lowered_until, run_form
+from tbe_like.schedules.common import HEURISTIC_LANES, Heuristic
 from tbe_like.schedules.llvm.conv3d_backprop_input_rows import rows_tile, vectors
 
-from tbe_like import ops
+from tbe_like import ops, stages
+from tbe_like._tvm import Call, IRModule, s_tir, structural_walk, tirx
 from tbe_like.ops import kernels
 from tbe_like.ops.convolution_backward import _other_forms, graph_of
 from tbe_like.target import host_target
@@ -181,3 +184,30 @@ def test_the_operator_races_it_and_computes_the_same(cin, cout, groups, measurin
                                     output_padding=[0] * 3, groups=groups,
                                     output_mask=(True, False, False))[0]
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("stride", [(2, 2, 2), (1, 2, 3)])
+def test_the_result_takes_each_position_from_its_phase_without_choosing(stride):
+    """The result's positions are split by the strides and the phases unrolled, so that each
+    store reads one phase's stage: no choice among the stages is left once TVM has unrolled
+    and simplified (a chain of choices per position took half of a stride-2 kernel's time).
+    Sizes that the strides do not divide included."""
+    conv = _conv(1, 16, (5, 7, 11), 16, (3, 3, 3), stride, (1,) * 6, groups=4)
+    graph = kernels.grad_input_rows(conv, kernels.Precision("float32", "float32"))
+    sch = s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)}))
+    sch = kernels.schedule(sch, graph, TARGET, Heuristic(lanes=HEURISTIC_LANES[0]))
+    func = lowered_until(sch.mod, "tirx.StmtSimplify", 1)
+    stores, choices = [], []
+
+    def store(node):
+        if node.buffer.name == stages.DX_ROWS_RES:
+            stores.append(node)
+            structural_walk(node.value, [(tirx.Select, choices.append), (Call, choose)])
+
+    def choose(call):
+        if str(getattr(call.op, "name", "")) == "prim.if_then_else":
+            choices.append(call)
+
+    structural_walk(func.body, [(tirx.BufferStore, store)])
+    assert len(stores) == math.prod(stride)  # one per phase, unrolled
+    assert not choices

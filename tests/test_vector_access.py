@@ -9,15 +9,14 @@ candidate of each, as TVM lowers it (its pipeline up to ``VectorizeLoop``)."""
 from __future__ import annotations
 
 import pytest
-from conftest import conv3d
+from conftest import conv3d, lowered_until
 from tbe_like.schedules import candidates
 
 from tbe_like import stages
-from tbe_like._tvm import IRModule, TensorLoad, s_tir, structural_walk, tirx, tvm
-from tbe_like.lowering import align_params, prepare
+from tbe_like._tvm import IRModule, TensorLoad, s_tir, structural_walk, tirx
 from tbe_like.ops import kernels
 from tbe_like.ops.convolution_backward import _other_forms, graph_of
-from tbe_like.target import build_config, host_target
+from tbe_like.target import host_target
 
 TARGET = host_target()
 F32 = kernels.Precision("float32", "float32")
@@ -40,35 +39,6 @@ CASES = {
 # Stages whose gathers are what they compute: a strided layer's x gathered at the positions
 # it reads (every lane a scalar read of a strided row, whatever the index).
 GATHERS = {stages.DW_DOT_X}
-
-
-class _Vectorized(Exception):
-    """Raised once TVM's pipeline has vectorized the module: nothing after it is needed."""
-
-
-@tvm.instrument.pass_instrument
-class _AfterVectorizing:
-    def __init__(self):
-        self.mod = None
-
-    def run_after_pass(self, mod, info):
-        if info.name == "tirx.VectorizeLoop":
-            self.mod = mod
-            raise _Vectorized
-
-
-def _vectorized(mod):
-    """``mod`` as TVM's CPU pipeline leaves it after ``VectorizeLoop`` (the build stopped
-    there)."""
-    grab = _AfterVectorizing()
-    try:
-        with tvm.transform.PassContext(config=build_config(TARGET), instruments=[grab]):
-            tvm.compile(align_params(prepare(mod), TARGET), target=TARGET)
-    except Exception:  # the instrument's stop, as TVM's FFI re-raises it
-        if grab.mod is None:
-            raise
-    assert grab.mod is not None
-    return grab.mod["main"]
 
 
 def _lane_indices(func) -> list[str]:
@@ -107,6 +77,7 @@ def test_no_lane_computes_its_own_index(name):
             sch = s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)}))
             sch = kernels.schedule(sch, graph, TARGET, knobs)
             built += 1
-            failures += [f"{form} {knobs}: {f}" for f in _lane_indices(_vectorized(sch.mod))]
+            vectorized = lowered_until(sch.mod, "tirx.VectorizeLoop")
+            failures += [f"{form} {knobs}: {f}" for f in _lane_indices(vectorized)]
     assert built > 2
     assert not failures, "\n".join(failures[:10])

@@ -1059,7 +1059,8 @@ def grad_input_rows(conv: Conv3d, prec: Precision,
                      tag=stages.tag(INPUT_ROWS_OP, "res"))
     p = RowsInputParams(conv.batch, conv.cin, conv.cout,
                         tuple((f"{stages.DX_ROWS}_{k[0]}_{k[1]}_{k[2]}", row[k[2]])
-                              for k in staged), cin_g if conv.groups > 1 else 0)
+                              for k in staged), cin_g if conv.groups > 1 else 0,
+                        tuple(conv.strides))
     return Graph(INPUT_ROWS_OP, p, [dy, w], out, ["NCDHW", "NCDHW", "NCDHW"],
                  flops=conv.flops())
 
