@@ -299,3 +299,18 @@ def test_bench_times_again_the_rows_of_a_slow_phase(tmp_path, tiny, capsys, monk
         assert r["retimed"] == bench.SLOW_ROW_RETIMES
         assert r["rounds"] >= 2 and r["rounds_dropped"] >= 0 and r["call_rechecks"] >= 0
         assert r["kernel_ms"] > 0 and r["torch_ms"] > 0 and r["peak_gflops"] > 0
+
+
+def test_a_call_and_its_kernel_go_first_in_turn(monkeypatch):
+    """``bench._paired`` times a call against its kernel pair by pair, each first in every
+    other pair (the second of a pair ran slower), and gives each its own time."""
+    from tbe_like import bench
+
+    order = []
+    monkeypatch.setattr(bench, "PAIRED_SECONDS", 0.0)
+    pairs = bench._paired(lambda: (order.append("call"), time.sleep(0.002)),
+                          lambda: order.append("kernel"), pairs=4, settle=0.0)
+    timed = order[-8:]
+    assert timed == ["call", "kernel", "kernel", "call"] * 2
+    assert len(pairs) == 4
+    assert all(c >= 0.002 > k for c, k in pairs)  # the sleeping call's time is its own
