@@ -89,15 +89,19 @@ def schedule(sch, p: RowsInputParams, target, knobs: Heuristic | None = None):
 
 def interleave(sch, res, strides, target) -> None:
     """Schedule the result ``res``, which takes each position of dX from its stride phase's
-    stage: each spatial axis split by its stride and the phases unrolled innermost, so that a
-    position's phase is a constant of its unrolled copy and TVM's simplifier folds the choice
-    between the stages away. Position by position, the chain of choices took 0.83-1.4 ms of a
-    ResNeXt-style stride-2 input gradient's 1.7-2.1 (256 channels on 8x28x28, Zen 4); split
-    and unrolled, 0.16. Planes (n, ci, outer depth) in parallel."""
+    stage: each spatial axis that its stride divides split by it and the phases unrolled
+    innermost, so that a position's phase is a constant of its unrolled copy and TVM's
+    simplifier folds the choice between the stages away. Position by position, the chain of
+    choices took 0.83-1.4 ms of a ResNeXt-style stride-2 input gradient's 1.7-2.1 (256
+    channels on 8x28x28, Zen 4); split and unrolled, 0.16. An axis the stride does not divide
+    is left whole: split, its predicated tail made a depthwise stride-(1, 2, 2) layer on
+    8x43x43 run 1.7-2.9x slower (0.57 -> 0.95-1.7 ms). Planes (n, ci, outer depth) in
+    parallel."""
     n, ci, *axes = sch.get_loops(res)
-    outer, inner = [], []  # per axis; inner: the phases of the axes of stride > 1
+    outer, inner = [], []  # per axis; inner: the phases of the axes split
     for loop, stride in zip(axes, strides, strict=True):
-        o, i = sch.split(loop, [None, stride]) if stride > 1 else (loop, None)
+        split = stride > 1 and int(sch.get(loop).extent) % stride == 0
+        o, i = sch.split(loop, [None, stride]) if split else (loop, None)
         outer.append(o)
         inner.append(i)
     # (d_o, h_o, d_i, h_i, w_o, w_i): a row's phase in depth and height is fixed before its
