@@ -59,6 +59,14 @@ class GroupInfo:
         return self.cin_ori // self.groups
 
     @property
+    def merged_share(self) -> float:
+        """Multiply-adds the merged layout computes per one of the convolution's: its
+        ``real_g`` dense (``cin1_g`` x ``cin0``) x ``cout_g`` products over the original
+        groups' ``cin_ori`` x ``cout_ori / groups`` (16 for a depthwise layer)."""
+        merged = self.real_g * self.cin1_g * self.cin0 * self.cout_g
+        return merged * self.groups / (self.cin_ori * self.cout_ori)
+
+    @property
     def cout_per_group(self) -> int:
         return self.cout_ori // self.groups
 

@@ -91,6 +91,25 @@ def test_only_small_kernels_that_would_start_threads_race_on_one_core():
     assert str(kernels.OneCore()) == "rule" + kernels.ONE_CORE_SUFFIX
 
 
+def test_a_form_races_on_one_core_by_the_work_it_computes():
+    """A depthwise layer's packed form computes its groups merged into dense 16 x 16 channel
+    blocks, 16 times its flops: past ``ONE_CORE_RACE_FLOPS`` it does not race on one core,
+    while its rows form, which computes its flops, does."""
+    from tbe_like.schedules.common import num_threads
+
+    conv = conv3d(1, 96, (4, 20, 20), 96, (3, 3, 3), stride=(1, 2, 2), groups=96)
+    packed = kernels.grad_input(conv, F32)
+    rows = kernels.grad_input_rows(conv, F32)
+    assert packed.flops == rows.flops <= kernels.ONE_CORE_RACE_FLOPS
+    assert packed.work == 16 * packed.flops and rows.work in (0, rows.flops)
+    assert not kernels.one_core_races(packed, TARGET)
+    assert kernels.one_core_races(rows, TARGET) == (num_threads(TARGET) > 1)
+    forms = kernels.selection_forms(packed, TARGET, {"rows": rows})
+    own, other = ([str(k) for k in f.candidates] for f in forms)
+    assert not any(kernels.ONE_CORE_SUFFIX in k for k in own)
+    assert any(kernels.ONE_CORE_SUFFIX in k for k in other) == (num_threads(TARGET) > 1)
+
+
 def test_the_operator_races_its_forms_on_one_core(measuring):
     """Through ``convolution_backward`` from an empty cache, for this CPU with two cores:
     the selection timed each form on one core too, and whichever won, the result is

@@ -153,6 +153,9 @@ class Graph:
     # columns): the output stage computes it row by row (``schedules.layout``).
     row_periods: tuple[int, int, int] | None = None
     flops: int = 0  # of the convolution (its forward pass; each gradient has as many)
+    # Flops the form computes where more than ``flops``: the packed forms' groups merged
+    # into dense blocks of 16 channels and their channels padded to 16 (0: ``flops``).
+    work: int = 0
     # The kernel's arguments' shapes where a tensor (an input, then the output) is a row-major
     # view of its argument (same elements, another shape: ``bounds.prim_func``); None: the
     # tensors' own.
@@ -229,7 +232,8 @@ def grad_input(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "g
     res = compute.conv3d_backprop_input(w6, dy6, p, winograd=winograd, stride_phases=not dense)
     out = lt.unpack_6hd(res, conv.cin, conv.in_spatial[2], prec.dtype, names[2])
     return Graph(INPUT_OP, p, [dy, w], out, ["NCDHW", "NCDHW", "NCDHW"],
-                 result_periods(p, winograd), flops, rows_only=dense)
+                 result_periods(p, winograd), flops, rows_only=dense,
+                 work=round(flops * group.merged_share))
 
 
 def temporal_rows_applies(conv: Conv3d) -> bool:
@@ -338,7 +342,8 @@ def grad_weight(conv: Conv3d, prec: Precision, names=("input", "grad_output", "g
     out = lt.unpack_filter_gradient(res, shape, index, prec.dtype, group, core.kernel,
                                     names[2], live, cells)
     in_layout = "NDHWC" if channels_last else "NCDHW"
-    return Graph(FILTER_OP, p, [x, dy], out, [in_layout, in_layout, layout], flops=flops)
+    return Graph(FILTER_OP, p, [x, dy], out, [in_layout, in_layout, layout], flops=flops,
+                 work=round(flops * group.merged_share))
 
 
 # Bytes of x and dy (float32, at the positions a layer reads) up to which the weight gradient of
@@ -1197,12 +1202,15 @@ class OneCore:
 
 def one_core_races(graph: Graph, target: Target) -> bool:
     """Whether measured selection times ``graph``'s kernel built for one core too: a CPU
-    kernel of more than one thread, not serial already, of at most ``ONE_CORE_RACE_FLOPS``."""
+    kernel of more than one thread, not serial already, that computes at most
+    ``ONE_CORE_RACE_FLOPS`` (``Graph.work``: a depthwise layer's packed form computes 16
+    times its flops; on one core MoViNet-like 96 channels on 8x43x43, stride (1, 2, 2), took
+    7 ms against 0.7-1.0 for the rows form, and its compile took 3.9 of the build's 8.9 s)."""
     from ..schedules.common import num_threads
 
     return (str(target.kind.name) == "llvm" and num_threads(target) > 1
             and not serial(graph.flops, math.prod(int(d) for d in graph.output.shape), target)
-            and 0 < graph.flops <= ONE_CORE_RACE_FLOPS)
+            and 0 < max(graph.flops, graph.work) <= ONE_CORE_RACE_FLOPS)
 
 
 def one_core(target: Target) -> Target:
@@ -1268,12 +1276,12 @@ def selection_forms(graph: Graph, target: Target,
         return lambda s, knobs: schedule(s, g, target, knobs)
 
     # A small kernel's forms race on one core too, each with its rule's default (a form made
-    # row by row only: its row-by-row schedule).
-    one = [OneCore()] if one_core_races(graph, target) else []
-
+    # row by row only: its row-by-row schedule), each form by the work it computes.
     def one_of(g: Graph) -> list:
-        if not one or not g.rows_only:
-            return one
+        if not one_core_races(g, target):
+            return []
+        if not g.rows_only:
+            return [OneCore()]
         from ..schedules.common import Heuristic
         from ..target import vector_lanes
 
@@ -1287,7 +1295,7 @@ def selection_forms(graph: Graph, target: Target,
         # tiles lost to the rows form by 1.5-10x on every stem of the network suite, and each
         # costs a compile (a video stem's first build took 8-10 s with them).
         own = [None]
-    return [Form("", prim_func(graph), scheduler(graph), own + one), *forms]
+    return [Form("", prim_func(graph), scheduler(graph), own + one_of(graph)), *forms]
 
 
 def build(graph: Graph, target: Target, output_dir, kernel_name: str, op: str,
