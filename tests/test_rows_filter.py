@@ -18,7 +18,7 @@ from conftest import (
     weight_gradient,
 )
 from tbe_like.schedules.common import HEURISTIC_LANES
-from tbe_like.schedules.llvm.conv3d_backprop_filter_rows import tile
+from tbe_like.schedules.llvm.conv3d_backprop_filter_rows import depthwise_tile, tile
 
 from tbe_like import ops, stages
 from tbe_like.ops import kernels
@@ -81,6 +81,24 @@ def test_the_tile_fits_the_registers():
     assert tile(45, 7, 32) == 3
     assert tile(24, 3, 32) == 6
     assert tile(64, 16, 32) == 1
+
+
+def test_a_depthwise_tile_holds_a_kernel_plane():
+    """A depthwise layer's tile holds every (kh, kw) tap of its output channels where they fit
+    the registers; a grouped layer of several channels per group and a one-channel stem keep
+    the tile of kernel rows."""
+    def params(cin, cout, kernel, groups):
+        conv = conv3d(1, cin, (4, 9, 9), cout, kernel, groups=groups)
+        graph = kernels.grad_weight_rows(conv, kernels.Precision("float32", "float32"))
+        return graph.params, cin // groups
+
+    p, group_cin = params(16, 16, (3, 3, 3), 16)
+    assert depthwise_tile(p, group_cin, 32) and depthwise_tile(p, group_cin, 16)
+    assert tile(p.cout, 9, 32) == 2 and tile(p.cout, 9, 16) == 1
+    p, group_cin = params(16, 16, (1, 5, 5), 16)
+    assert depthwise_tile(p, group_cin, 32) and not depthwise_tile(p, group_cin, 16)
+    assert not depthwise_tile(*params(16, 16, (3, 3, 3), 4), 32)
+    assert not depthwise_tile(*params(1, 16, (3, 3, 3), 1), 32)
 
 
 def test_only_layers_of_few_channels_per_group_have_the_form():
