@@ -18,7 +18,11 @@ from conftest import (
     weight_gradient,
 )
 from tbe_like.schedules.common import HEURISTIC_LANES
-from tbe_like.schedules.llvm.conv3d_backprop_filter_rows import depthwise_tile, tile
+from tbe_like.schedules.llvm.conv3d_backprop_filter_rows import (
+    PLANE_MIN_ROWS,
+    depthwise_tile,
+    tile,
+)
 
 from tbe_like import ops, stages
 from tbe_like.ops import kernels
@@ -48,6 +52,11 @@ CASES = {  # (conv, dtype, padding (D, H, W) for the reference)
     "depthwise-k3-float16": (conv3d(1, 16, (2, 5, 16), 16, (3, 3, 3), groups=16), "float16"),
     "depthwise-s2-bfloat16": (conv3d(1, 8, (4, 6, 9), 8, (3, 3, 3), stride=2, groups=8),
                               "bfloat16"),
+    # Depthwise on maps of PLANE_MIN_ROWS rows and more: the tile holds a kernel plane (with a
+    # channel multiplier of 2 and a 5x5 plane in the second).
+    "depthwise-k3-plane": (conv3d(1, 8, (2, 15, 11), 8, (3, 3, 3), groups=8), "float32"),
+    "depthwise-x2-k155-plane": (conv3d(1, 4, (1, 16, 20), 8, (1, 5, 5), pad=(0, 2, 2),
+                                       groups=4), "float32"),
     # Groups of 2 and 4 input channels (ResNeXt's 4 per group), 6 and 3 output channels each.
     "groups4-cin2-cout6": (conv3d(1, 8, (2, 5, 11), 24, (3, 3, 3), groups=4), "float32"),
     "groups2-cin4-cout3-s2": (conv3d(2, 8, (3, 8, 10), 6, (1, 3, 3), stride=2, groups=2),
@@ -85,10 +94,11 @@ def test_the_tile_fits_the_registers():
 
 def test_a_depthwise_tile_holds_a_kernel_plane():
     """A depthwise layer's tile holds every (kh, kw) tap of its output channels where they fit
-    the registers; a grouped layer of several channels per group and a one-channel stem keep
-    the tile of kernel rows."""
-    def params(cin, cout, kernel, groups):
-        conv = conv3d(1, cin, (4, 9, 9), cout, kernel, groups=groups)
+    the registers and the map has ``PLANE_MIN_ROWS`` rows; a grouped layer of several
+    channels per group and a one-channel stem keep the tile of kernel rows."""
+    def params(cin, cout, kernel, groups, rows=PLANE_MIN_ROWS):
+        conv = conv3d(1, cin, (4, rows, 9), cout, kernel, pad=tuple(k // 2 for k in kernel),
+                      groups=groups)
         graph = kernels.grad_weight_rows(conv, kernels.Precision("float32", "float32"))
         return graph.params, cin // groups
 
@@ -99,6 +109,8 @@ def test_a_depthwise_tile_holds_a_kernel_plane():
     assert depthwise_tile(p, group_cin, 32) and not depthwise_tile(p, group_cin, 16)
     assert not depthwise_tile(*params(16, 16, (3, 3, 3), 4), 32)
     assert not depthwise_tile(*params(1, 16, (3, 3, 3), 1), 32)
+    # Small maps: the tile of kernel rows skips H's padding a row at a time.
+    assert not depthwise_tile(*params(16, 16, (3, 3, 3), 16, PLANE_MIN_ROWS - 1), 32)
 
 
 def test_only_layers_of_few_channels_per_group_have_the_form():
