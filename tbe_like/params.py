@@ -352,6 +352,8 @@ class RowsFilterParams:
     out_spatial: tuple[int, int, int]
     kernel: tuple[int, int, int]
     row: int
+    # The share of (output row, kh tap) pairs whose x row lies in H's padding.
+    h_padding_share: float = 0.0
 
 
 # The framework operators' weight gradient of a layer of few input channels as outer products,

@@ -19,7 +19,7 @@ from conftest import (
 )
 from tbe_like.schedules.common import HEURISTIC_LANES
 from tbe_like.schedules.llvm.conv3d_backprop_filter_rows import (
-    PLANE_MIN_ROWS,
+    PLANE_MAX_PADDING,
     depthwise_tile,
     tile,
 )
@@ -52,10 +52,10 @@ CASES = {  # (conv, dtype, padding (D, H, W) for the reference)
     "depthwise-k3-float16": (conv3d(1, 16, (2, 5, 16), 16, (3, 3, 3), groups=16), "float16"),
     "depthwise-s2-bfloat16": (conv3d(1, 8, (4, 6, 9), 8, (3, 3, 3), stride=2, groups=8),
                               "bfloat16"),
-    # Depthwise on maps of PLANE_MIN_ROWS rows and more: the tile holds a kernel plane (with a
+    # Depthwise on maps of 15 and 24 rows: the tile holds a kernel plane (with a
     # channel multiplier of 2 and a 5x5 plane in the second).
     "depthwise-k3-plane": (conv3d(1, 8, (2, 15, 11), 8, (3, 3, 3), groups=8), "float32"),
-    "depthwise-x2-k155-plane": (conv3d(1, 4, (1, 16, 20), 8, (1, 5, 5), pad=(0, 2, 2),
+    "depthwise-x2-k155-plane": (conv3d(1, 4, (1, 24, 20), 8, (1, 5, 5), pad=(0, 2, 2),
                                        groups=4), "float32"),
     # Groups of 2 and 4 input channels (ResNeXt's 4 per group), 6 and 3 output channels each.
     "groups4-cin2-cout6": (conv3d(1, 8, (2, 5, 11), 24, (3, 3, 3), groups=4), "float32"),
@@ -94,9 +94,9 @@ def test_the_tile_fits_the_registers():
 
 def test_a_depthwise_tile_holds_a_kernel_plane():
     """A depthwise layer's tile holds every (kh, kw) tap of its output channels where they fit
-    the registers and the map has ``PLANE_MIN_ROWS`` rows; a grouped layer of several
+    the registers and few of its rows' taps read H's padding; a grouped layer of several
     channels per group and a one-channel stem keep the tile of kernel rows."""
-    def params(cin, cout, kernel, groups, rows=PLANE_MIN_ROWS):
+    def params(cin, cout, kernel, groups, rows=14):
         conv = conv3d(1, cin, (4, rows, 9), cout, kernel, pad=tuple(k // 2 for k in kernel),
                       groups=groups)
         graph = kernels.grad_weight_rows(conv, kernels.Precision("float32", "float32"))
@@ -105,12 +105,17 @@ def test_a_depthwise_tile_holds_a_kernel_plane():
     p, group_cin = params(16, 16, (3, 3, 3), 16)
     assert depthwise_tile(p, group_cin, 32) and depthwise_tile(p, group_cin, 16)
     assert tile(p.cout, 9, 32) == 2 and tile(p.cout, 9, 16) == 1
-    p, group_cin = params(16, 16, (1, 5, 5), 16)
+    p, group_cin = params(16, 16, (1, 5, 5), 16, 28)
     assert depthwise_tile(p, group_cin, 32) and not depthwise_tile(p, group_cin, 16)
     assert not depthwise_tile(*params(16, 16, (3, 3, 3), 4), 32)
     assert not depthwise_tile(*params(1, 16, (3, 3, 3), 1), 32)
     # Small maps: the tile of kernel rows skips H's padding a row at a time.
-    assert not depthwise_tile(*params(16, 16, (3, 3, 3), 16, PLANE_MIN_ROWS - 1), 32)
+    small, group_cin = params(16, 16, (3, 3, 3), 16, 13)
+    assert small.h_padding_share == 2 / 39 <= PLANE_MAX_PADDING
+    assert depthwise_tile(small, group_cin, 32)
+    small, group_cin = params(16, 16, (3, 3, 3), 16, 7)
+    assert small.h_padding_share == 2 / 21 > PLANE_MAX_PADDING
+    assert not depthwise_tile(small, group_cin, 32)
 
 
 def test_only_layers_of_few_channels_per_group_have_the_form():

@@ -61,18 +61,20 @@ def depthwise_tile(p: RowsFilterParams, group_cin: int, registers: int) -> bool:
     kh times less. Zen 4, kernels alone, best of both widths, against a tile of kernel rows:
     X3D-M's 16x56x56 depthwise layers 3.0 -> 2.3 ms and (stride (1, 2, 2)) 4.3 -> 2.5, its
     16x7x7 one 0.88 -> 0.63, 16x14x14 0.54 -> 0.56; a 2D 3x3 stride-2 layer 1.48 -> 1.34 and
-    a 5x5 one 0.48 -> 0.42; CSN's 8x14x14 0.125 -> 0.133. Only on maps of at least
-    ``PLANE_MIN_ROWS`` output rows: with kh inside the tile, the taps that read H's padding
-    are no longer skipped a row at a time (``skip_padding``), and on CSN's 4x7x7 and 2x4x4
-    depthwise layers the tile of kernel rows stayed faster (0.059 against 0.083 ms, 0.035
-    against 0.051; networks' runs, kernels alone)."""
+    a 5x5 one 0.48 -> 0.42. Only where at most ``PLANE_MAX_PADDING`` of the (output row, kh
+    tap) pairs read H's padding: with kh inside the tile those are no longer skipped a row at
+    a time (``skip_padding``). X3D-M's and CSN's depthwise layers in the networks' runs,
+    kernels alone, plane against rows: 16x14x14 at stride (1, 2, 2) (4.8% of the pairs in
+    padding) 0.81 against 1.59-1.74 ms; 4x7x7 (9.5%) 0.083 against 0.059, 2x4x4 (17%) 0.051
+    against 0.035, 16x7x7 (9.5%) 0.72 against 0.55-0.59."""
     taps = p.kernel[1] * p.kernel[2]
     return (group_cin == 1 and p.cin > 1 and taps + 2 <= registers
-            and p.out_spatial[1] >= PLANE_MIN_ROWS)
+            and p.h_padding_share <= PLANE_MAX_PADDING)
 
 
-# Output rows from which a depthwise tile holds a kernel plane (:func:`depthwise_tile`).
-PLANE_MIN_ROWS = 14
+# The share of (output row, kh tap) pairs in H's padding up to which a depthwise tile holds a
+# kernel plane (:func:`depthwise_tile`): 3 taps over 14 rows and more at stride 1, 7 at 2.
+PLANE_MAX_PADDING = 0.06
 
 
 @register(FILTER_ROWS_OP, "llvm", candidates=width_candidates)

@@ -484,6 +484,16 @@ def _x_source_rows(conv: Conv3d) -> dict:
     return source_rows({2: (front, front + in_d), 3: (top, top + in_h)})
 
 
+def _h_padding_share(conv: Conv3d) -> float:
+    """The share of (output row, kh tap) pairs of ``conv`` whose x row lies in H's padding."""
+    rows, kernel, stride, dilation = (conv.out_spatial[1], conv.kernel[1], conv.strides[1],
+                                      conv.dilations[1])
+    top, height = conv.pads[2], conv.in_spatial[1]
+    dead = sum(not 0 <= o * stride + b * dilation - top < height
+               for o in range(rows) for b in range(kernel))
+    return dead / (rows * kernel)
+
+
 def grad_weight_rows(conv: Conv3d, prec: Precision,
                      names=("input", "grad_output", "grad_weight")) -> Graph:
     """dW of a layer of few input channels (:func:`rows_applies`) as dot products along the
@@ -549,7 +559,7 @@ def grad_weight_rows(conv: Conv3d, prec: Precision,
         out = te.compute(conv.w_shape, lambda *i: acc[i].astype(prec.dtype),
                          name=stages.DW_ROWS_CAST, tag=stages.tag(FILTER_ROWS_OP, "cast"))
     p = RowsFilterParams(conv.batch, conv.cin, conv.cout, tuple(conv.out_spatial),
-                         tuple(conv.kernel), row)
+                         tuple(conv.kernel), row, _h_padding_share(conv))
     return Graph(FILTER_ROWS_OP, p, [x, dy], out, ["NCDHW", "NCDHW", "NCDHW"],
                  flops=conv.flops())
 
