@@ -58,15 +58,14 @@ def depthwise_tile(p: RowsFilterParams, group_cin: int, registers: int) -> bool:
     channels), whose output channels each read their own x channel (no x vector serves two),
     where a channel's taps, its dy vector and an x vector fit in ``registers``. Each dy vector
     then serves every tap of a kernel plane, and the tasks (output channels, kd) stream dy
-    kh times less. Zen 4, kernels alone, best of both widths, against a tile of kernel rows:
-    X3D-M's 16x56x56 depthwise layers 3.0 -> 2.3 ms and (stride (1, 2, 2)) 4.3 -> 2.5, its
-    16x7x7 one 0.88 -> 0.63, 16x14x14 0.54 -> 0.56; a 2D 3x3 stride-2 layer 1.48 -> 1.34 and
-    a 5x5 one 0.48 -> 0.42. Only where at most ``PLANE_MAX_PADDING`` of the (output row, kh
-    tap) pairs read H's padding: with kh inside the tile those are no longer skipped a row at
-    a time (``skip_padding``). X3D-M's and CSN's depthwise layers in the networks' runs,
-    kernels alone, plane against rows: 16x14x14 at stride (1, 2, 2) (4.8% of the pairs in
-    padding) 0.81 against 1.59-1.74 ms; 4x7x7 (9.5%) 0.083 against 0.059, 2x4x4 (17%) 0.051
-    against 0.035, 16x7x7 (9.5%) 0.72 against 0.55-0.59."""
+    kh times less. Only where at most ``PLANE_MAX_PADDING`` of the (output row, kh tap) pairs
+    read H's padding: with kh inside the tile those are no longer skipped a row at a time
+    (``skip_padding``). Zen 4, kernels alone, plane against rows: in one process, best of
+    both widths, X3D-M's 16x56x56 depthwise layers 3.0 -> 2.3 ms and (stride (1, 2, 2)) 4.3
+    -> 2.5, a 2D 3x3 stride-2 layer 1.48 -> 1.34 and a 5x5 one 0.48 -> 0.42; in the
+    networks' runs, 16x14x14 at stride (1, 2, 2) (4.8% of the pairs in padding) 0.81 against
+    1.59-1.74 ms, and the other way on CSN's 4x7x7 (9.5%: 0.083 against 0.059), 2x4x4 (17%:
+    0.051 against 0.035) and X3D-M's 16x7x7 (9.5%: 0.72 against 0.55-0.59)."""
     taps = p.kernel[1] * p.kernel[2]
     return (group_cin == 1 and p.cin > 1 and taps + 2 <= registers
             and p.h_padding_share <= PLANE_MAX_PADDING)

@@ -113,4 +113,3 @@ def interleave(sch, res, strides, target) -> None:
         if loop is not None:
             sch.unroll(loop)
     parallel(sch, [n, ci, d_o], target)
-
