@@ -168,9 +168,11 @@ def lowered_until(mod, name: str, occurrence: int = 1):
                 if len(seen) == occurrence:
                     raise _Reached
 
-    try:
-        with tvm_.transform.PassContext(config=build_config(target), instruments=[Grab()]):
-            tvm_.compile(align_params(prepare(mod), target), target=target)
+    prepared = align_params(prepare(mod), target)
+    try:  # as ``bounds.compile_checked`` builds it: its options by the module's size
+        with tvm_.transform.PassContext(config=build_config(target, prepared),
+                                        instruments=[Grab()]):
+            tvm_.compile(prepared, target=target)
     except Exception:  # the instrument's stop, as TVM's FFI re-raises it
         if len(seen) < occurrence:
             raise

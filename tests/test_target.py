@@ -85,7 +85,6 @@ def test_kernels_for_a_cpu_without_avx512_have_no_zmm_code(cpu):
     assert "ymm" in asm and "zmm" not in asm
 
 
-
 def test_a_kernel_of_many_unrolled_stores_is_built_without_tvms_cse(monkeypatch):
     """A 5x5x5 stride-2 input gradient's AVX-512 tile unrolls to thousands of stores: TVM's
     common-subexpression elimination, whose time grows faster than the code, is left to
