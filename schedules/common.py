@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tbe_like.lowering import LIVE_ROWS, SOURCE_ROWS, iterations, rows_of
+from tbe_like.lowering import LIVE_ROWS, PARTITION, SOURCE_ROWS, iterations, rows_of
 from tbe_like.target import vector_lanes
 
 # Pass as a rule's ``knobs`` to draw the knobs with ``sample_perfect_tile`` instead of fixing
@@ -177,6 +177,47 @@ def skip_padding(sch, block, buffer: str, axes: tuple[int, ...]) -> None:
             for value in (axis, max(0, first), min(end, shape[axis]))]
     if live:
         sch.annotate(block, LIVE_ROWS, [buffer, *live])
+
+
+# Output columns, at most, whose taps read some of the padding that a register tile takes one
+# by one (``skip_edge_columns``): each is a copy of the tile's code.
+MOST_EDGE_COLUMNS = 8
+
+
+def edge_columns(size: int, first: int, end: int, taps: int, stride: int,
+                 dilation: int) -> tuple[int, int]:
+    """``(lo, hi)``: the output columns ``lo <= o < hi`` (of ``size``) whose every tap reads a
+    source column: ``first <= o * stride + t * dilation < end`` for each ``t < taps``
+    (``lo == hi`` where none does)."""
+    whole = [o for o in range(size)
+             if first <= o * stride and o * stride + (taps - 1) * dilation < end]
+    return (whole[0], whole[-1] + 1) if whole else (0, 0)
+
+
+def skip_edge_columns(sch, block, buffer: str, axes: tuple[int, ...], axis: int, loop,
+                      taps: int, stride: int, dilation: int) -> None:
+    """:func:`skip_padding` of reduction ``block`` along ``axes``, and along ``axis`` too where
+    its ``taps`` are unrolled inside the register tile under ``loop``, the tile's loop over
+    output columns: ``loop`` is marked to be partitioned (``lowering.PARTITION``) into the
+    columns whose every tap reads the stage's source, and the columns before and after them,
+    unrolled. In an unrolled column each tap's read is a constant column, and the taps that
+    read padding fold away (``lowering.skip_padding``); the middle columns test nothing. Not
+    where more than ``MOST_EDGE_COLUMNS`` columns read padding.
+
+    A 5x5x5 kernel over an 8-wide map (padding 2) reads padding in 15% of its (column, tap)
+    pairs along W, over a 4-wide one in 30%."""
+    declared = sch.get(sch.get_sblock(buffer)).annotations.get(SOURCE_ROWS)
+    size = int(sch.get(loop).extent)
+    if declared is None or axis not in rows_of(declared):
+        skip_padding(sch, block, buffer, axes)
+        return
+    lo, hi = edge_columns(size, *rows_of(declared)[axis], taps, stride, dilation)
+    edges = size - (hi - lo)
+    if not edges or edges > MOST_EDGE_COLUMNS:
+        skip_padding(sch, block, buffer, axes)
+        return
+    skip_padding(sch, block, buffer, (*axes, axis))
+    sch.annotate(loop, PARTITION, [lo, hi])
 
 
 def flatten_init(sch, init, lanes: int, outer: int = 1) -> None:

@@ -19,6 +19,13 @@ the simplifier folds, so the copies reading padding vanish before LLVM sees them
 tile of a whole row with its W taps unrolled). On a 4-frame clip a (3,1,1) kernel's weight
 gradient multiplied zeros in 17% of its steps, on a 2x4x4 map a 3x3x3 kernel's in 54%.
 
+``partition``: a loop marked with :data:`PARTITION` (``schedules.common.skip_edge_columns``)
+is cut in three, its first and last iterations unrolled, each piece a copy of its body: a
+register tile's columns whose taps read padding then each read constant columns, and the taps
+that read padding fold away as above, while the columns between test nothing. (TVM's own
+``loop_partition`` schedule primitive left a weight gradient's reduction without its
+zeroing where the loops around the tile had one iteration each, and the build failed.)
+
 ``fold_guards``: a shared-memory copy of an implicit-GEMM operand reads through two padding
 stages inlined into one another (the convolution's zero padding, then the padding of the GEMM
 to whole tiles), so its value is ``if_then_else(a, if_then_else(b, x, 0), 0)``. TVM turns a
@@ -29,7 +36,7 @@ gather. The two are the same value: ``x`` where both guards hold, else the commo
 
 from __future__ import annotations
 
-from tvm_ffi import structural_map, structural_walk
+from tvm_ffi import structural_equal, structural_map, structural_walk
 
 from ._tvm import And, BufferReplacer, Call, IRModule, Var, decl_buffer, s_tir, tirx
 
@@ -62,6 +69,9 @@ _IF_THEN_ELSE = "prim.if_then_else"
 # axis, first, end, axis, first, end, ...]``, the rows ``first <= index < end`` along each
 # ``axis`` of the buffer it reads (:func:`skip_padding`).
 LIVE_ROWS = "tbe_like.live_rows"
+# The annotation of a loop to be cut in three before the padding is skipped
+# (:func:`partition`): ``[lo, hi]``, its iterations before ``lo`` and from ``hi`` on unrolled.
+PARTITION = "tbe_like.partition"
 # The annotation (a ``te.compute`` attribute) of a zero-padded stage: ``[axis, first, end,
 # ...]``, the rows along each axis that hold its source; it is zero elsewhere.
 SOURCE_ROWS = "tbe_like.source_rows"
@@ -207,6 +217,27 @@ def _all_of(conds):
     return cond
 
 
+def _holds_blocks(realize) -> bool:
+    """Whether ``realize``'s block only holds other blocks (the blocks around the pieces of a
+    partitioned loop, ``Schedule.loop_partition``)."""
+    inner = []
+    structural_walk(realize.block.body, [(s_tir.SBlockRealize, inner.append)])
+    return bool(inner)
+
+
+def _shared_conditions(blocks) -> dict[int, object]:
+    """The live conditions (:func:`_live_conditions`) that every one of ``blocks`` has, the same:
+    the copies of one block in the pieces of a partitioned loop share those of the loops
+    around the pieces. Empty where any of them has none: a test around a block without live
+    rows (a producer computed under the loop) would skip computing it."""
+    if not blocks:
+        return {}
+    each = [_live_conditions(b) for b in blocks]
+    first, *others = each
+    return {axis: cond for axis, cond in first.items()
+            if all(axis in o and structural_equal(o[axis], cond) for o in others)}
+
+
 def _place_live_condition(loop, constant: frozenset = frozenset()):
     """``loop`` with its body under the live conditions of the one annotated block inside it
     that ``loop`` is the place of, the annotation's axes it tests then taken off the block.
@@ -223,9 +254,8 @@ def _place_live_condition(loop, constant: frozenset = frozenset()):
         return loop
     realizes = []
     structural_walk(loop.body, [(s_tir.SBlockRealize, realizes.append)])
-    if len(realizes) != 1:
-        return loop
-    conds = _live_conditions(realizes[0])
+    blocks = [r for r in realizes if not _holds_blocks(r)]
+    conds = _shared_conditions(blocks)
     if not conds:
         return loop
     inner, single = set(), {}
@@ -258,7 +288,7 @@ def _place_live_condition(loop, constant: frozenset = frozenset()):
     if not placed:
         return loop
     body = structural_map(loop.body, [(s_tir.SBlockRealize, lambda r: _without_live_rows(
-        r, placed) if r.same_as(realizes[0]) else r)])
+        r, placed) if any(r.same_as(b) for b in blocks) else r)])
     if tests:
         body = tirx.IfThenElse(_all_of(tests), body, None)
     return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding,
@@ -271,6 +301,50 @@ def _constant_vars(mod) -> frozenset:
     structural_walk(mod, [(tirx.For, lambda f: found.add(f.loop_var) if (
         f.kind == tirx.ForKind.UNROLLED or _is_true(f.extent)) else None)])
     return frozenset(found)
+
+
+def _copy(stmt, var, new):
+    """``stmt`` with ``var`` read as ``new`` and every variable it defines (its loops', its
+    blocks' iterators) defined anew: a copy that may stand beside the original."""
+    defined = []
+    structural_walk(stmt, [(tirx.For, lambda f: defined.append(f.loop_var)),
+                           (s_tir.SBlock, lambda b: defined.extend(i.var for i in b.iter_vars))])
+    fresh = {v: Var(v.name, v.ty) for v in defined}
+    fresh[var] = new
+    return structural_map(stmt, [(Var, lambda v: fresh.get(v, v))])
+
+
+def _partition(loop):
+    """``loop`` (annotated with :data:`PARTITION` ``[lo, hi]``) as three loops, one after the
+    other: its iterations before ``lo``, unrolled; from ``lo`` to ``hi``, as ``loop`` runs
+    them; from ``hi`` on, unrolled. Each is a copy of the body, for its own range (a loop of
+    none is left out)."""
+    if PARTITION not in loop.annotations or not isinstance(loop.extent, tirx.IntImm):
+        return loop
+    first, end = int(loop.min), int(loop.min) + int(loop.extent)
+    lo, hi = (min(max(int(v), first), end) for v in loop.annotations[PARTITION])
+    hi = max(lo, hi)
+    annotations = {k: v for k, v in loop.annotations.items() if k != PARTITION}
+    pieces = [(first, lo, tirx.ForKind.UNROLLED), (lo, hi, loop.kind),
+              (hi, end, tirx.ForKind.UNROLLED)]
+    loops = []
+    for i, (start, stop, kind) in enumerate(pieces):
+        if stop > start:
+            var = Var(f"{loop.loop_var.name}_{i}", loop.loop_var.ty)
+            body = _copy(loop.body, loop.loop_var, var)
+            loops.append(tirx.For(var, start, stop - start, kind, body, None,
+                                  annotations if kind == loop.kind else {}))
+    return loops[0] if len(loops) == 1 else tirx.SeqStmt(loops)
+
+
+def partition(mod):
+    """``mod`` with each loop annotated with :data:`PARTITION` cut in three (:func:`_partition`)."""
+    marked = []
+    structural_walk(mod, [(tirx.For, lambda f: marked.append(f) if PARTITION in f.annotations
+                           else None)])
+    if not marked:
+        return mod
+    return structural_map(mod, [(tirx.For, _partition)])
 
 
 def skip_padding(mod):
@@ -290,15 +364,16 @@ def skip_padding(mod):
 
 
 def prepare(mod):
-    """What every build lowers: ``mod`` with its reductions' padding skipped
-    (:func:`skip_padding`) and its guards folded, then simplified in each block's iterator
-    domains (TVM's ``StmtSimplify`` on the scheduled module).
+    """What every build lowers: ``mod`` with its marked loops partitioned (:func:`partition`),
+    its reductions' padding skipped (:func:`skip_padding`) and its guards folded, then
+    simplified in each block's iterator domains (TVM's ``StmtSimplify`` on the scheduled
+    module).
 
-    The second step is for vectorized copies: a copy iterates (run, lane) over a contiguous
+    The last step is for vectorized copies: a copy iterates (run, lane) over a contiguous
     axis ``run * lanes + lane`` (``schedules.cuda.gemm.stage_operand``); knowing the lane is
     below ``lanes``, the simplifier turns every index of that axis (``// 576``, ``% 144 // 48``
     of an im2col) into one of the run alone plus the lane in the last term. Lowered first, the
     run becomes a sum of thread and loop terms the vectorizer cannot see is a multiple of
     ``lanes``, and it falls back to scalar loads.
     """
-    return s_tir.transform.StmtSimplify()(fold_guards(skip_padding(mod)))
+    return s_tir.transform.StmtSimplify()(fold_guards(skip_padding(partition(mod))))

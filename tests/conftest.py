@@ -180,6 +180,16 @@ def lowered_until(mod, name: str, occurrence: int = 1):
     return seen[occurrence - 1]["main"]
 
 
+def update_stores(func, name: str) -> int:
+    """The stores into buffer ``name`` in ``func`` that add to it (a reduction's updates)."""
+    from tbe_like._tvm import structural_walk, tirx
+
+    found = []
+    structural_walk(func.body, [(tirx.BufferStore, lambda s: found.append(s) if (
+        s.buffer.name == name and isinstance(s.value, tirx.Add)) else None)])
+    return len(found)
+
+
 def stage_names(tensor) -> set[str]:
     """The names of every stage a result is computed from (itself included)."""
     from tbe_like.stages import stage_names as names

@@ -248,3 +248,46 @@ def test_tiny_kernels_start_no_thread(monkeypatch, kind):
             stride=[1, 1, 1], padding=[0, 0, 0], dilation=[1, 1, 1], transposed=False,
             output_padding=[0, 0, 0], groups=1, output_mask=(True, False, False))[0]
     np.testing.assert_allclose(out.numpy(), want, rtol=0, atol=1e-4 * np.abs(want).max())
+
+
+EDGE_CASES = {  # conv, the rule's (lo, hi) of its W output columns
+    # A 5-wide kernel over 8 columns: 2 edge columns each side, 4 between.
+    "k5-w8": (conv3d(1, 16, (2, 3, 8), 32, (1, 3, 5), pad=(0, 1, 2)), (2, 6)),
+    # Over 4 columns: none reads no padding, every column an edge one.
+    "k5-w4": (conv3d(1, 16, (2, 2, 4), 16, (3, 1, 5), pad=(1, 0, 2)), (0, 0)),
+    # Stride 2 and dilation 2 (taps 0, 2, 4 of the padded row).
+    "k3-s2-dil2": (conv3d(2, 16, (1, 3, 11), 16, (1, 1, 3), stride=(1, 1, 2), pad=(0, 0, 2),
+                          dil=(1, 1, 2)), (1, 5)),
+}
+
+
+@pytest.mark.parametrize("lanes", common.HEURISTIC_LANES)
+@pytest.mark.parametrize("name", list(EDGE_CASES))
+def test_weight_gradient_edge_columns_drop_their_padded_taps(name, lanes):
+    """Where the packed weight gradient's register tile holds every kernel column, its loop
+    over output columns is marked for partition (``common.skip_edge_columns``): the columns
+    whose taps read W's padding run unrolled, and those taps drop out at compile time; the
+    result is NumPy's. Its updates then number (taps + the edge columns' live taps) / taps of
+    those without the mark. A tile of fewer columns (AVX2's of one) is not marked."""
+    from conftest import lowered_until, update_stores
+
+    from tbe_like.lowering import PARTITION
+
+    conv, (lo, hi) = EDGE_CASES[name]
+    graph, sch = _weight_sch(conv, False, Heuristic(lanes, split_k=False))
+    _checkweight_gradient(conv, graph, sch, seed=5)
+    update = sch.get_sblock(stages.DW_MAD + "_update")
+    columns = sch.get_loops(update)[-5]
+    marked = sch.get(columns).annotations.get(PARTITION)
+    taps = conv.kernel[2]
+    if int(sch.get(sch.get_loops(update)[-4]).extent) < taps:
+        assert marked is None
+        return
+    assert [int(v) for v in marked] == [lo, hi]
+    size, pad = conv.out_spatial[2], conv.pads[4]
+    live = sum(0 <= o * conv.strides[2] + t * conv.dilations[2] - pad < conv.in_spatial[2]
+               for o in [*range(lo), *range(hi, size)] for t in range(taps))
+    edged = update_stores(lowered_until(sch.mod, "tirx.StmtSimplify"), stages.DW_MAD)
+    sch.unannotate(columns, PARTITION)
+    whole = update_stores(lowered_until(sch.mod, "tirx.StmtSimplify"), stages.DW_MAD)
+    assert edged * taps == whole * ((taps if hi > lo else 0) + live), (edged, whole, live)

@@ -174,6 +174,37 @@ def test_a_test_on_unrolled_loops_alone_is_made_inside_them():
     _assert_sums(sch.mod, seed=2)
 
 
+def test_a_partitioned_loop_drops_the_taps_of_its_edge_columns():
+    """A loop over output columns marked for partition (``lowering.PARTITION``) runs its
+    columns that read padding one by one, unrolled, so that each of their taps reading
+    padding is dropped at compile time; the columns between test nothing. Taps: columns 0 and
+    7 reach the source with 3 of the 5, 1 and 6 with 4, the 4 middle columns with all 5 (one
+    copy of the body in a loop): 14 + 5 updates. The sums are NumPy's."""
+    from conftest import lowered_until, update_stores
+    from tbe_like.schedules.common import edge_columns
+
+    from tbe_like.lowering import PARTITION
+
+    assert edge_columns(8, 2, 10, 5, 1, 1) == (2, 6)
+    sch = s_tir.Schedule(_padded_sum(live=True))
+    i, k = sch.get_loops(sch.get_sblock("s"))
+    sch.decompose_reduction(sch.get_sblock("s"), k)
+    sch.unroll(k)
+    whole = update_stores(lowered_until(sch.mod, "tirx.StmtSimplify"), "s")
+    sch.annotate(i, PARTITION, [2, 6])
+    assert (whole, update_stores(lowered_until(sch.mod, "tirx.StmtSimplify"), "s")) == (5, 19)
+    assert not _tests_and_loops(skip_padding_pass(sch.mod))  # nothing tested at run time
+    _assert_sums(sch.mod, seed=3)
+    # No middle (a 5-tap kernel over 4 columns): every column unrolled, the sums the same.
+    assert edge_columns(4, 2, 6, 5, 1, 1) == (0, 0)
+    assert edge_columns(8, 2, 10, 3, 2, 2) == (1, 3)  # stride 2, dilation 2: 2-6, 4-8
+    sch = s_tir.Schedule(_padded_sum(live=True))
+    i, k = sch.get_loops(sch.get_sblock("s"))
+    sch.unroll(k)
+    sch.annotate(i, PARTITION, [0, 0])
+    _assert_sums(sch.mod, seed=4)
+
+
 def test_only_padded_axes_of_declared_stages_are_skipped():
     """An axis not asked for, or a stage that declares no source rows, declares nothing."""
     sch = s_tir.Schedule(_padded_sum(live=False))
@@ -207,7 +238,8 @@ def _declared(graph, target) -> set:
 def test_the_rules_declare_the_padded_rows_they_read():
     """Where x is padded along D or H, the reductions of the packed weight gradient (direct and
     Winograd) and of its few-channel rows and outer-product forms declare the padded stage's
-    source rows there, every knob set; not where nothing is padded."""
+    source rows there, every knob set (the packed one W's too, where its tile holds every
+    kernel column); not where nothing is padded."""
     from conftest import conv3d
     from tbe_like.schedules.llvm.conv3d_backprop_input import SKIP_SHARE, padding_share
 
@@ -218,8 +250,10 @@ def test_the_rules_declare_the_padded_rows_they_read():
     prec = kernels.Precision("float32", "float32")
     padded = conv3d(1, 16, (4, 6, 8), 16, (3, 3, 3))
     d_h = ("1", "1", "5", "3", "1", "7")
+    # W's too, where a register tile holds every kernel column (``skip_edge_columns``: AVX-512's
+    # tiles of 3 columns; AVX2's of 1 do not).
     assert _declared(kernels.grad_weight(padded, prec, unpack_cells=True), target) == {
-        ("dw_fmap_pad", *d_h)}
+        ("dw_fmap_pad", *d_h), ("dw_fmap_pad", *d_h, "4", "1", "9")}
     assert _declared(kernels.grad_weight(padded, prec, unpack_cells=True, winograd=True),
                      target) == {("dw_wino_x", *d_h)}
     stem = conv3d(1, 3, (4, 10, 12), 8, (3, 5, 5), stride=(1, 2, 2), pad=(1, 2, 2))
@@ -229,7 +263,10 @@ def test_the_rules_declare_the_padded_rows_they_read():
     assert _declared(kernels.grad_weight_outer(wide_stem, prec), target) == {
         ("dw_outer_x", "2", "1", "5", "3", "2", "12")}
     flat = conv3d(1, 16, (4, 6, 8), 16, (1, 1, 3), pad=(0, 0, 1))
-    assert not _declared(kernels.grad_weight(flat, prec, unpack_cells=True), target)
+    assert _declared(kernels.grad_weight(flat, prec, unpack_cells=True), target) == {
+        ("dw_fmap_pad", "4", "1", "9")}
+    unpadded = conv3d(1, 16, (4, 6, 8), 16, (1, 3, 3), pad=(0, 0, 0))
+    assert not _declared(kernels.grad_weight(unpadded, prec, unpack_cells=True), target)
     # The input gradient's direct reductions skip dy's H padding where it is a share of their
     # steps worth a test (``padding_share``; D's border rows are blocks of their own); its
     # padded dy says where dy lies.

@@ -45,6 +45,7 @@ from ..common import (
     num_threads,
     parallel,
     schedule_winograd_transform,
+    skip_edge_columns,
     skip_padding,
 )
 from ..registry import register
@@ -256,7 +257,6 @@ def schedule(sch, p: BackpropFilterParams, target,
     sch.unroll(kw_i)
     outer = [sch.get(loop).same_as(sch.get(first)) for loop in sch.get_loops(mad)].index(True)
     flatten_init(sch, sch.decompose_reduction(mad, first), int(sch.get(ci0).extent), outer)
-    _skip_padding(sch, mad, winograd)
     if stages.DW_RES in block_names(sch):  # else the result layout reads dw_mad itself
         fuse_parallel_vectorize(sch, stages.DW_RES, 2, target)
     if not split_k and not winograd and inner == 2 and any(
@@ -267,16 +267,30 @@ def schedule(sch, p: BackpropFilterParams, target,
         # result, read and wrote it again to unpack it, and took 1.1 ms (PyTorch 0.18 ms);
         # unpacked per step, 0.12 ms (Zen 4).
         sch.annotate(kh, UNPACK_AT, 1)
+    _skip_padding(sch, mad, p, winograd, kw_i)
     return sch
 
 
-def _skip_padding(sch, update, winograd: bool) -> None:
+def _skip_padding(sch, update, p: BackpropFilterParams, winograd: bool, kw_i) -> None:
     """The reduction's steps whose row of x (D, H) is padding add nothing: declared so that the
-    build skips them (``schedules.common.skip_padding``). (The padded W columns stay: they
-    vary inside the register tile.) On a 4-frame clip a (3,1,1) kernel multiplied zeros in
-    17% of its steps: I3D's 256 -> 64 temporal layer 1.57 -> 1.34 ms, c3d conv3b (3x3x3 on
-    4x7x7) 3.96 -> 3.25 (Zen 4)."""
-    skip_padding(sch, update, stages.DW_WINO_X if winograd else stages.DW_FMAP_PAD, (1, 3))
+    build skips them (``schedules.common.skip_padding``). On a 4-frame clip a (3,1,1) kernel
+    multiplied zeros in 17% of its steps: I3D's 256 -> 64 temporal layer 1.57 -> 1.34 ms, c3d
+    conv3b (3x3x3 on 4x7x7) 3.96 -> 3.25 (Zen 4). So do the taps of the W columns that read
+    padding, where the tile holds every kernel column (``skip_edge_columns``: those columns
+    one by one, unrolled). Zen 4, AVX-512 tiles, kernels alone, in one process, layers of
+    neither benchmark half: 64 channels 5x5x5 on 8x8x8 2.21 -> 1.99 ms, 48 on 6x6x6 0.53 ->
+    0.47, 96 on 4x4x4 0.69 -> 0.62, 128 channels 3x3x3 on 4x14x14 2.71 -> 2.59, (1,3,3) on
+    8x14x14 2.12 -> 2.01; 3x3x3 on 4x7x7 and 6x6x6 within 1%."""
+    if winograd:
+        skip_padding(sch, update, stages.DW_WINO_X, (1, 3))
+        return
+    geo = p.geometry
+    wo = sch.get_loops(update)[-5]
+    if int(sch.get(kw_i).extent) < geo.kernel[2]:
+        skip_padding(sch, update, stages.DW_FMAP_PAD, (1, 3))
+        return
+    skip_edge_columns(sch, update, stages.DW_FMAP_PAD, (1, 3), 4, wo, geo.kernel[2],
+                      geo.strides[2], geo.dilations[2])
 
 
 def _check_divides(sch, knobs: Knobs, co, kw, ho, ci1) -> None:
