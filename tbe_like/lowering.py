@@ -218,8 +218,8 @@ def _all_of(conds):
 
 
 def _holds_blocks(realize) -> bool:
-    """Whether ``realize``'s block only holds other blocks (the blocks around the pieces of a
-    partitioned loop, ``Schedule.loop_partition``)."""
+    """Whether ``realize``'s block holds other blocks (a block around others, as ``blockize``
+    makes): not a reduction of its own; the blocks inside it are."""
     inner = []
     structural_walk(realize.block.body, [(s_tir.SBlockRealize, inner.append)])
     return bool(inner)
@@ -305,10 +305,12 @@ def _constant_vars(mod) -> frozenset:
 
 def _copy(stmt, var, new):
     """``stmt`` with ``var`` read as ``new`` and every variable it defines (its loops', its
-    blocks' iterators) defined anew: a copy that may stand beside the original."""
+    blocks' iterators, its bound values') defined anew: a copy that may stand beside the
+    original (TVM's lowering wants each variable defined once)."""
     defined = []
     structural_walk(stmt, [(tirx.For, lambda f: defined.append(f.loop_var)),
-                           (s_tir.SBlock, lambda b: defined.extend(i.var for i in b.iter_vars))])
+                           (s_tir.SBlock, lambda b: defined.extend(i.var for i in b.iter_vars)),
+                           (tirx.Bind, lambda b: defined.append(b.var))])
     fresh = {v: Var(v.name, v.ty) for v in defined}
     fresh[var] = new
     return structural_map(stmt, [(Var, lambda v: fresh.get(v, v))])
