@@ -217,7 +217,7 @@ def skip_edge_columns(sch, block, buffer: str, axes: tuple[int, ...], axis: int,
         skip_padding(sch, block, buffer, axes)
         return
     skip_padding(sch, block, buffer, (*axes, axis))
-    sch.annotate(loop, PARTITION, [lo, hi])
+    sch.annotate(loop, PARTITION, [lo, hi, axis])
 
 
 def flatten_init(sch, init, lanes: int, outer: int = 1) -> None:

@@ -70,7 +70,9 @@ _IF_THEN_ELSE = "prim.if_then_else"
 # ``axis`` of the buffer it reads (:func:`skip_padding`).
 LIVE_ROWS = "tbe_like.live_rows"
 # The annotation of a loop to be cut in three before the padding is skipped
-# (:func:`partition`): ``[lo, hi]``, its iterations before ``lo`` and from ``hi`` on unrolled.
+# (:func:`partition`): ``[lo, hi]`` or ``[lo, hi, axis]``, its iterations before ``lo`` and
+# from ``hi`` on unrolled; with ``axis``, the reads along that axis of :data:`LIVE_ROWS` in
+# the iterations between are all live.
 PARTITION = "tbe_like.partition"
 # The annotation (a ``te.compute`` attribute) of a zero-padded stage: ``[axis, first, end,
 # ...]``, the rows along each axis that hold its source; it is zero elsewhere.
@@ -317,14 +319,16 @@ def _copy(stmt, var, new):
 
 
 def _partition(loop):
-    """``loop`` (annotated with :data:`PARTITION` ``[lo, hi]``) as three loops, one after the
-    other: its iterations before ``lo``, unrolled; from ``lo`` to ``hi``, as ``loop`` runs
-    them; from ``hi`` on, unrolled. Each is a copy of the body, for its own range (a loop of
-    none is left out)."""
+    """``loop`` (annotated with :data:`PARTITION` ``[lo, hi]`` or ``[lo, hi, axis]``) as three
+    loops, one after the other: its iterations before ``lo``, unrolled; from ``lo`` to ``hi``,
+    as ``loop`` runs them, its blocks' live rows along ``axis`` dropped (all live there); from
+    ``hi`` on, unrolled. Each is a copy of the body, for its own range (a loop of none is left
+    out)."""
     if PARTITION not in loop.annotations or not isinstance(loop.extent, tirx.IntImm):
         return loop
     first, end = int(loop.min), int(loop.min) + int(loop.extent)
-    lo, hi = (min(max(int(v), first), end) for v in loop.annotations[PARTITION])
+    lo, hi, *live = (int(v) for v in loop.annotations[PARTITION])
+    lo, hi = (min(max(v, first), end) for v in (lo, hi))
     hi = max(lo, hi)
     annotations = {k: v for k, v in loop.annotations.items() if k != PARTITION}
     pieces = [(first, lo, tirx.ForKind.UNROLLED), (lo, hi, loop.kind),
@@ -334,6 +338,9 @@ def _partition(loop):
         if stop > start:
             var = Var(f"{loop.loop_var.name}_{i}", loop.loop_var.ty)
             body = _copy(loop.body, loop.loop_var, var)
+            if i == 1 and live:  # every read along that axis is live here: nothing to test
+                body = structural_map(body, [(s_tir.SBlockRealize, lambda r: _without_live_rows(
+                    r, set(live)) if LIVE_ROWS in r.block.annotations else r)])
             loops.append(tirx.For(var, start, stop - start, kind, body, None,
                                   annotations if kind == loop.kind else {}))
     return loops[0] if len(loops) == 1 else tirx.SeqStmt(loops)
