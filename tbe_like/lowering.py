@@ -324,7 +324,8 @@ def _partition(loop):
     as ``loop`` runs them, its blocks' live rows along ``axis`` dropped (all live there); from
     ``hi`` on, unrolled. Each is a copy of the body, for its own range (a loop of none is left
     out)."""
-    if PARTITION not in loop.annotations or not isinstance(loop.extent, tirx.IntImm):
+    if (PARTITION not in loop.annotations or not isinstance(loop.extent, tirx.IntImm)
+            or loop.thread_binding is not None):
         return loop
     first, end = int(loop.min), int(loop.min) + int(loop.extent)
     lo, hi, *live = (int(v) for v in loop.annotations[PARTITION])
@@ -342,7 +343,7 @@ def _partition(loop):
                 body = structural_map(body, [(s_tir.SBlockRealize, lambda r: _without_live_rows(
                     r, set(live)) if LIVE_ROWS in r.block.annotations else r)])
             loops.append(tirx.For(var, start, stop - start, kind, body, None,
-                                  annotations if kind == loop.kind else {}))
+                                  annotations if i == 1 else {}))
     return loops[0] if len(loops) == 1 else tirx.SeqStmt(loops)
 
 
