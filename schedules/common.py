@@ -207,13 +207,11 @@ def skip_edge_columns(sch, block, buffer: str, axes: tuple[int, ...], axis: int,
     A 5x5x5 kernel over an 8-wide map (padding 2) reads padding in 15% of its (column, tap)
     pairs along W, over a 4-wide one in 30%."""
     declared = sch.get(sch.get_sblock(buffer)).annotations.get(SOURCE_ROWS)
+    rows = rows_of(declared) if declared is not None else {}
     size = int(sch.get(loop).extent)
-    if declared is None or axis not in rows_of(declared):
-        skip_padding(sch, block, buffer, axes)
-        return
-    lo, hi = edge_columns(size, *rows_of(declared)[axis], taps, stride, dilation)
-    edges = size - (hi - lo)
-    if not edges or edges > MOST_EDGE_COLUMNS:
+    lo, hi = (edge_columns(size, *rows[axis], taps, stride, dilation) if axis in rows
+              else (0, size))
+    if not 0 < size - (hi - lo) <= MOST_EDGE_COLUMNS:  # no padding read, or too many copies
         skip_padding(sch, block, buffer, axes)
         return
     skip_padding(sch, block, buffer, (*axes, axis))

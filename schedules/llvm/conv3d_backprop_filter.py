@@ -285,10 +285,10 @@ def _skip_padding(sch, update, p: BackpropFilterParams, winograd: bool, kw_i) ->
         skip_padding(sch, update, stages.DW_WINO_X, (1, 3))
         return
     geo = p.geometry
-    wo = sch.get_loops(update)[-5]
     if int(sch.get(kw_i).extent) < geo.kernel[2]:
         skip_padding(sch, update, stages.DW_FMAP_PAD, (1, 3))
         return
+    wo = sch.get_loops(update)[-5]  # the tile's loop over output columns, around kw_i
     skip_edge_columns(sch, update, stages.DW_FMAP_PAD, (1, 3), 4, wo, geo.kernel[2],
                       geo.strides[2], geo.dilations[2])
 
