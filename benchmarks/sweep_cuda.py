@@ -6,8 +6,8 @@ For every shape and gradient of ``bench_cuda.SUITE``: the default knobs and ``--
 drawn from ``schedules.cuda.candidates`` (of the block with the most multiply-adds) are built in
 parallel processes, each checked against the default's result and timed with CUDA events. The
 table gives, per layer, the default's time, the best time, the best knobs and their ratio: what
-the rules in ``schedules/cuda/knobs.py`` leave on the table. The second knob set of each
-layer is the default with its other kind of copy (``async_copy``). ``--json`` keeps every
+the rules in ``schedules/cuda/knobs.py`` leave on the table. The next knob sets of each layer
+are the default with its other kinds of copy (``knobs.COPY_KINDS``). ``--json`` keeps every
 measurement (the data a rule or a cost model is fitted on).
 """
 
@@ -53,15 +53,18 @@ def _schedule(op: str, name: str, dtype: str, arch: str):
 
 
 def _sample(options: list, samples: int, seed: int) -> list:
-    """The default (first of ``options``), the default with its other copy kind, and
+    """The default (first of ``options``), the default with each other copy kind, and
     ``samples`` others drawn from ``options``."""
     from dataclasses import replace
+
+    from tbe_like.schedules.cuda.knobs import COPY_KINDS
 
     default = options[0]
     chosen = {default: None}
     if hasattr(default.tile, "async_copy"):
-        flipped = replace(default.tile, async_copy=not default.tile.async_copy)
-        chosen[replace(default, tile=flipped)] = None
+        for async_copy, copy_bytes in COPY_KINDS:
+            other = replace(default.tile, async_copy=async_copy, copy_bytes=copy_bytes)
+            chosen.setdefault(replace(default, tile=other), None)
     rest = list(options[1:])
     random.Random(seed).shuffle(rest)
     for knobs in rest[:samples]:
@@ -156,8 +159,8 @@ def main(argv=None) -> int:
                 default = times[0][0]
                 ok = [t for t in times if np.isfinite(t[0])]
                 best = min(ok)
-                other = times[1][0] if len(times) > 1 else float("nan")
-                print(f"{name:14s} {op} default {default:8.3f} ms  other copy {other:8.3f} ms  "
+                copies = " ".join(f"{t[0]:8.3f}" for t in times[1:3])
+                print(f"{name:14s} {op} default {default:8.3f} ms  other copies {copies} ms  "
                       f"best {best[0]:8.3f} ms ({default / best[0]:4.2f}x) {best[2]}",
                       flush=True)
                 wrong = [t for t in times if isinstance(t[2], str) and t[2].startswith("WRONG")]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
@@ -232,19 +233,37 @@ def test_explicit_knobs_are_used():
     assert unbound_blocks(sch.mod) == []
 
 
-@pytest.mark.parametrize("async_copy", [True, False])
-def test_copy_kind_knob(async_copy):
-    """``async_copy=False``: the pipeline's copies are plain loads (cached in L1), no cp.async."""
+@pytest.mark.parametrize("async_copy, copy_bytes", cuda_rules.knobs.COPY_KINDS)
+def test_copy_kind_knob(async_copy, copy_bytes):
+    """The pipeline's copies: 16-byte ``cp.async.cg`` (L2 only), 8-byte ``cp.async.ca`` (cached
+    in L1 too), or plain loads (no cp.async)."""
     _, res = _gemm_extents()
     target = Target({"kind": "cuda", "arch": "sm_90"})
-    knobs = cuda_rules.Knobs(cuda_rules.TensorCoreTile(2, 2, 2, 2, 2, 3, async_copy))
+    tile = cuda_rules.TensorCoreTile(2, 2, 2, 2, 2, 3, async_copy, copy_bytes)
     sch = s_tir.Schedule(IRModule({"main": te.create_prim_func(
         [*res.op.attrs["tbe_like.inputs"], res])}))
     sch = registry.lookup("conv3d_backprop_filter", "cuda")(
-        sch, SimpleNamespace(dtype="float16"), target, knobs)
+        sch, SimpleNamespace(dtype="float16"), target, cuda_rules.Knobs(tile))
     src = _compile_for(sch, target).mod.imports[0].inspect_source()
     assert "mma.sync" in src
-    assert ("cp.async" in src) == async_copy
+    kinds = set(re.findall(r"cp\.async\.(c[ag])\.shared\.global", src))
+    assert kinds == ({"cg" if copy_bytes == 16 else "ca"} if async_copy else set()), kinds
+
+
+@pytest.mark.parametrize("extents, copy", [
+    ((1, 100352, 64, 3456), (False, 16)),  # 8 warps of 2 x 2 fragments: plain loads
+    ((1, 262144, 32, 864), (True, 8)),  # 4 warps
+    ((4, 3136, 64, 1024), (True, 8)),  # a stride phase: fragments halved to fill the SMs
+])
+def test_input_gradient_copies_through_l1(extents, copy):
+    """The input gradient's tiles copy with 8-byte ``cp.async.ca`` (asynchronous, and L1 serves
+    the windows the im2col re-reads), but for the full 8-warp tile of 2 x 2 fragments, where
+    ptxas would spill; the weight gradient's with 16-byte ``cp.async.cg``."""
+    target = Target({"kind": "cuda", "arch": "sm_90"})
+    tile = cuda_rules.default_knobs(extents, "float16", target, "conv3d_backprop_input").tile
+    assert (tile.async_copy, tile.copy_bytes) == copy, tile
+    tile = cuda_rules.default_knobs(extents, "float16", target, "conv3d_backprop_filter").tile
+    assert (tile.async_copy, tile.copy_bytes) == (True, 16), tile
 
 
 def test_split_k_follows_the_gpu_and_the_operator():
@@ -341,6 +360,8 @@ def test_sampled_knobs_give_valid_kernels(op, seed):
     (cuda_rules.Knobs(cuda_rules.TensorCoreTile(2, 2, 2, 2, 2)), "float32", "tensor-core tile"),
     (cuda_rules.Knobs(cuda_rules.TensorCoreTile(4, 4, 4, 4, 4)), "float16", "shared memory"),
     (cuda_rules.Knobs(cuda_rules.SimtTile(16, 16, 4, 4, 16), split_k=0), "float32", "split_k"),
+    (cuda_rules.Knobs(cuda_rules.TensorCoreTile(2, 2, 2, 2, 2, copy_bytes=4)), "float16",
+     "copy_bytes must be 8 or 16, got 4"),
     ("fastest", "float32", "CUDA knobs must be a tbe_like.schedules.cuda.Knobs"),
 ])
 def test_bad_knobs_are_refused(knobs, dtype, match):

@@ -11,7 +11,8 @@ Both templates share the outer structure::
 ``tensor_core`` (float16/bfloat16 on sm_80+): each warp (threadIdx.y) owns ``frag_m x frag_n``
 16x16 float32 accumulator tiles (registers in PTX's fragment layout) and consumes the stage 16
 deep at a time with ``mma.sync.m16n8k16`` on fragments ``ldmatrix`` loads out of shared memory;
-the K loop is a software pipeline whose copies are ``cp.async``; the accumulators go back
+the K loop is a software pipeline whose copies are ``cp.async`` (or plain loads: the knob
+``TensorCoreTile.async_copy``); the accumulators go back
 through shared memory so that the epilogue is written by all 32 lanes (threadIdx.x). ``simt``
 (float32, or older GPUs): each thread (threadIdx.y, threadIdx.x) owns a ``tile_m x tile_n``
 register tile and does scalar FMAs.
@@ -78,8 +79,11 @@ def tensor_core(sch, block, tile: TensorCoreTile, dtype: str):
     """Schedule a normalized GEMM block (S..., I, J, K) on tensor cores (``mma.sync``).
 
     The K loop is software-pipelined over ``tile.stages`` shared-memory buffers: while a warp
-    multiplies one stage, the copies (``cp.async``, 16 bytes per thread where the operand's
-    contiguous global axis allows) of the next ones are in flight. Each operand is staged in
+    multiplies one stage, the copies of the next ones are in flight: ``cp.async`` of
+    ``tile.copy_bytes`` per thread where the operand's contiguous global axis allows (16 bytes:
+    ``cp.async.cg``, through L2 only; 8: ``cp.async.ca``, which L1 caches too), or plain 16-byte
+    loads (``async_copy=False``), which do not overlap the products: a warp waits for its
+    loads before it stores them to shared memory and goes on. Each operand is staged in
     the orientation its global memory is contiguous in (``gemm.stage_operand``) and loaded into
     fragments with ``ldmatrix`` (transposing where staged K-minor). Returns the write-back step
     (epilogue inlining and threads), which ``schedule_gemms`` runs once every block is
@@ -101,8 +105,10 @@ def tensor_core(sch, block, tile: TensorCoreTile, dtype: str):
     sch.bind(warps, "threadIdx.y")
 
     threads = (tile.warp_m * tile.warp_n, WARP)
+    most_bytes = tile.copy_bytes if tile.async_copy else 16
     a_staging, b_staging = (gemm.stage_operand(sch, outer, operand, k0, threads, name,
-                                               SHARED_SCOPE) for operand, name in enumerate("ab"))
+                                               SHARED_SCOPE, most_bytes)
+                            for operand, name in enumerate("ab"))
     intrins = mma_intrinsics(dtype, a_staging, b_staging)
     frags = []
     for operand in range(2):
