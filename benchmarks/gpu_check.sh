@@ -5,6 +5,12 @@
 # OUT_DIR, so that a step that runs over still leaves the others' results.
 #
 #     . /root/st/setup.sh && bash benchmarks/gpu_check.sh "$OUT"
+#
+# What travels to the device machine is the working tree (tracked and untracked files) plus the
+# carried paths, 64 MiB at most: benchmarks/results (about 40 MB of tables and charts) and
+# .gpu/a (35 MB) do not fit together. Move benchmarks/results out of the tree for the device
+# calls (and back after); the same then lets one call carry both .gpu/a and .gpu/b (64 MB).
+# The device returns at most 8 files from $OUT: this script leaves 7.
 set -u
 out="${1:-${OUT:-/tmp/gpu_check}}"
 mkdir -p "$out"
@@ -21,7 +27,7 @@ python3 -c "import torch; print('torch', torch.__version__, 'cudnn', torch.backe
 cat "$out/gpu.txt"
 
 step tests 140 python3 -m pytest -m gpu tests/test_cuda.py tests/test_cuda_emulated.py -q -rfE \
-  -n 8 -p no:cacheprovider
+  -n 8 -p no:cacheprovider -p no:benchmark
 step bench 170 python3 benchmarks/bench_cuda.py --dtype float16 bfloat16 float32 \
   --json "$out/bench.json"
 step sweep 110 python3 benchmarks/sweep_cuda.py --dtype float16 --samples 12 --repeat 3 --json "$out/sweep.json"
@@ -33,7 +39,12 @@ step memcheck 35 compute-sanitizer --tool memcheck --target-processes all \
   python3 -m pytest -m gpu tests/test_cuda.py -q -p no:cacheprovider \
   -k "weight_gradient and stride-123 and float16"
 
+# One log for the sanitizers: the device returns at most 8 files.
+for f in "$out"/race-*.log "$out"/memcheck.log; do echo "==== $(basename "$f")"; cat "$f"; done \
+  >"$out/sanitizers.log" && rm -f "$out"/race-*.log "$out"/memcheck.log
+
 echo "---- tests"; tail -25 "$out/tests.log"
 echo "---- bench"; grep -v '^WARNING' "$out/bench.log" | tail -50
 echo "---- sweep"; tail -30 "$out/sweep.log"
-for f in "$out"/race-*.log "$out"/memcheck.log; do echo "---- $f"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed|Error" "$f" | tail -4; done
+echo "---- sanitizers"; grep -E "^====|ERROR SUMMARY|RACECHECK SUMMARY|passed|failed|Error" \
+  "$out/sanitizers.log"
