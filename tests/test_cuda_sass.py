@@ -31,6 +31,12 @@ ARCHS = ("sm_80", "sm_90")
 # (the tensor-core template uses dynamic shared memory; sm_80: 163 KB, sm_90: 227 KB).
 MAX_REGISTERS = 255
 MAX_SHARED_BYTES = {"sm_80": 163 * 1024, "sm_90": 227 * 1024}
+# Spilled bytes allowed per kernel: the few that ptxas trades for occupancy at its register
+# target (80 registers: three 256-thread blocks per SM). The input gradient's 8-byte cp.async
+# tiles spill 4-8 bytes on two of the suite's layers; on an H200 those kernels ran faster than
+# the same tiles with plain loads and no spill (0.393 -> 0.385 ms, 0.066 -> 0.064 ms). A tile
+# whose accumulators do not fit its registers spills far more.
+MAX_SPILL_BYTES = 16
 # Streaming multiprocessors of an H100 SXM: the weight gradient's split K must fill them.
 H100_SMS = 132
 
@@ -168,7 +174,7 @@ def test_tensor_core_templates_compile_to_a_pipelined_mma_loop(workdir, op, name
 
 
 @pytest.mark.parametrize("op, name, dtype, arch", TIERED_CASES)
-def test_no_spills_and_resources_fit(workdir, op, name, dtype, arch):
+def test_spills_at_most_a_few_bytes_and_resources_fit(workdir, op, name, dtype, arch):
     _need("nvcc", "ptxas")
     report, _ = _compiled(op, name, dtype, arch, workdir)
     kernels = re.split(r"Compiling entry function", report)[1:]
@@ -176,7 +182,7 @@ def test_no_spills_and_resources_fit(workdir, op, name, dtype, arch):
     for text in kernels:
         stores, loads = (int(v) for v in re.search(
             r"(\d+) bytes spill stores, (\d+) bytes spill loads", text).groups())
-        assert stores == loads == 0, text
+        assert stores <= MAX_SPILL_BYTES and loads <= MAX_SPILL_BYTES, text
         registers = int(re.search(r"Used (\d+) registers", text).group(1))
         assert registers <= MAX_REGISTERS, text
     shared = _shared_bytes(op, name, dtype, arch)

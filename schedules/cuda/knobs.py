@@ -51,10 +51,6 @@ ROW_PAD = {"operand": 8, "acc": 4}
 SAMPLE = "sample"  # knobs value: draw each block's knobs from ``candidates`` (tuning)
 # (async_copy, copy_bytes) of a tensor-core tile: cp.async.cg, cp.async.ca, plain loads.
 COPY_KINDS = ((True, 16), (True, 8), (False, 16))
-# ptxas gives a block of 256 threads 80 registers (three blocks per SM): a warp with 2 x 2
-# fragment tiles and 8-byte cp.async addresses spills there (see _input_copies).
-REGISTER_BOUND_THREADS = 256
-REGISTER_BOUND_FRAGMENTS = 4
 
 
 @dataclass(frozen=True)
@@ -70,9 +66,10 @@ class TensorCoreTile:
     stages: int = 2  # shared-memory buffers of the software pipeline (stages - 1 copies ahead)
     # The copies to shared memory: cp.async (asynchronous: in flight while the warps multiply
     # an earlier stage) or plain loads (cached in L1, but a warp waits for them before the
-    # products it issues next). copy_bytes is what one thread's cp.async moves: 16 compiles to
-    # cp.async.cg, which reads through L2 only; 8 to cp.async.ca, which L1 caches too and so
-    # serves the overlapping windows that the im2col of neighbouring taps re-reads.
+    # products it issues next). copy_bytes is the most one thread's copy moves: a 16-byte
+    # cp.async compiles to cp.async.cg, which reads through L2 only; an 8-byte one to
+    # cp.async.ca, which L1 caches too and so serves the overlapping windows that the im2col
+    # of neighbouring taps re-reads.
     async_copy: bool = True
     copy_bytes: int = 16
 
@@ -230,26 +227,6 @@ def _filling(extents: tuple[int, ...], tile: TensorCoreTile, target, op: str
     return tile
 
 
-def _input_copies(tile: TensorCoreTile) -> TensorCoreTile:
-    """How an input gradient's tile copies its operands: 8-byte ``cp.async`` (``.ca``), or
-    plain loads where that would not fit ptxas's register budget. (The weight gradient keeps
-    16-byte ``cp.async``: on the H200 it ran 1.1-1.6x slower with 8-byte copies, and 1.1-2x
-    slower with plain loads on an H100.)
-
-    The input gradient's im2col re-reads each dy element once per tap, from L1 where the copy
-    caches there. Measured on an H100 (2026-11-25): plain loads ran its layers 1.1-1.4x faster
-    than 16-byte ``cp.async.cg`` (L2 only). On an H200 (2026-11-27,
-    ``benchmarks/results/h200-2026-11-27``): 8-byte ``cp.async.ca``, asynchronous and cached in
-    L1, ran 5 of the 7 rows 2-26% faster than plain loads (dilation 2: 0.047 -> 0.035 ms,
-    1x32x64^3: 0.195 -> 0.172 ms) and the other two as fast. With the full tile (8 warps of
-    2 x 2 fragments: 2x64x16x56x56 -> 128) ptxas spills at its 80-register target for three
-    256-thread blocks per SM; that tile keeps plain loads (0.393 ms; 0.385 with the spill)."""
-    if (tile.warp_m * tile.warp_n * WARP >= REGISTER_BOUND_THREADS
-            and tile.frag_m * tile.frag_n >= REGISTER_BOUND_FRAGMENTS):
-        return replace(tile, async_copy=False)
-    return replace(tile, copy_bytes=8)
-
-
 def default_knobs(extents: tuple[int, int, int, int], dtype: str, target,
                   op: str = DEFAULT_OP) -> Knobs:
     """Knobs for a GEMM block of (S, I, J, K) ``extents`` with ``dtype`` operands, in the
@@ -258,7 +235,15 @@ def default_knobs(extents: tuple[int, int, int, int], dtype: str, target,
     if uses_tensor_cores(dtype, target):
         tile = _filling(extents, _tensor_core_tile(m, n, k), target, op)
         if op == "conv3d_backprop_input":
-            tile = _input_copies(tile)
+            # The input gradient's im2col re-reads each dy element once per tap, from L1 where
+            # the copy caches there. Measured on an H100 (2026-11-25): plain loads ran its
+            # layers 1.1-1.4x faster than 16-byte cp.async.cg (L2 only). On an H200
+            # (2026-11-27, benchmarks/results/h200-2026-11-27): 8-byte cp.async.ca,
+            # asynchronous and cached in L1, ran 5 of the 7 rows 2-26% faster than plain loads
+            # (dilation 2: 0.047 -> 0.035 ms; 1x32x64^3: 0.195 -> 0.172 ms), the other two as
+            # fast. The weight gradient keeps 16-byte cp.async.cg: it ran 1.1-1.6x slower with
+            # 8-byte copies there, and 1.1-2x slower with plain loads on the H100.
+            tile = replace(tile, copy_bytes=8)
     else:
         tile = _simt_tile(m, n, k, op)
     return Knobs(tile, _split_for(extents, tile, target, op))

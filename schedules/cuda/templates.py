@@ -79,9 +79,9 @@ def tensor_core(sch, block, tile: TensorCoreTile, dtype: str):
     """Schedule a normalized GEMM block (S..., I, J, K) on tensor cores (``mma.sync``).
 
     The K loop is software-pipelined over ``tile.stages`` shared-memory buffers: while a warp
-    multiplies one stage, the copies of the next ones are in flight: ``cp.async`` of
-    ``tile.copy_bytes`` per thread where the operand's contiguous global axis allows (16 bytes:
-    ``cp.async.cg``, through L2 only; 8: ``cp.async.ca``, which L1 caches too), or plain 16-byte
+    multiplies one stage, the copies of the next ones are in flight: ``cp.async`` of up to
+    ``tile.copy_bytes`` per thread, as many as the operand's contiguous global axis allows (16
+    bytes: ``cp.async.cg``, through L2 only; 8: ``cp.async.ca``, which L1 caches too), or plain
     loads (``async_copy=False``), which do not overlap the products: a warp waits for its
     loads before it stores them to shared memory and goes on. Each operand is staged in
     the orientation its global memory is contiguous in (``gemm.stage_operand``) and loaded into
@@ -105,9 +105,8 @@ def tensor_core(sch, block, tile: TensorCoreTile, dtype: str):
     sch.bind(warps, "threadIdx.y")
 
     threads = (tile.warp_m * tile.warp_n, WARP)
-    most_bytes = tile.copy_bytes if tile.async_copy else 16
     a_staging, b_staging = (gemm.stage_operand(sch, outer, operand, k0, threads, name,
-                                               SHARED_SCOPE, most_bytes)
+                                               SHARED_SCOPE, tile.copy_bytes)
                             for operand, name in enumerate("ab"))
     intrins = mma_intrinsics(dtype, a_staging, b_staging)
     frags = []
