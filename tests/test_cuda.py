@@ -318,6 +318,26 @@ def test_the_stride_phase_gemm_takes_the_measured_tile():
     assert dw.tile.shape[:2] == (128, 64), msg(dw)
 
 
+def test_a_weight_gradient_split_to_its_cap_fills_a_wave():
+    """Seed 000's weight gradient (a 16 x 288 GEMM over 82944 positions), the H200's case:
+    split 64 ways (the cap) its 16 x 128 tiles give 192 blocks for 396 places on sm_90 (three
+    per SM), so the fragments are halved: 16 x 64, 320 blocks, the fastest of the sweep there.
+    On sm_80 (324 places) a halving would not fit one wave: the tile stays. A split below the
+    cap fills the SMs itself: the dense layer keeps its tile."""
+    extents = (1, 16, 288, 82944)
+    sm90 = cuda_rules.default_knobs(extents, "float16", Target({"kind": "cuda", "arch": "sm_90"}),
+                                    "conv3d_backprop_filter")
+    assert sm90.tile.shape[:2] == (16, 64) and sm90.split_k == 64, msg(sm90)
+    assert _grid(extents, sm90) == 320, msg(sm90)
+    sm80 = cuda_rules.default_knobs(extents, "float16", Target({"kind": "cuda", "arch": "sm_80"}),
+                                    "conv3d_backprop_filter")
+    assert sm80.tile.shape[:2] == (16, 128), msg(sm80)
+    dense = cuda_rules.default_knobs((1, 128, 1728, 100352), "float16",
+                                     Target({"kind": "cuda", "arch": "sm_90"}),
+                                     "conv3d_backprop_filter")
+    assert dense.tile.shape[:2] == (64, 128) and dense.split_k == 14, msg(dense)
+
+
 def test_a_long_gemm_keeps_the_large_tile():
     target = Target({"kind": "cuda", "arch": "sm_90"})
     knobs = cuda_rules.default_knobs((1, 87808, 64, 3456), "float16", target,

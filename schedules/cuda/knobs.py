@@ -200,13 +200,22 @@ def _blocks(extents: tuple[int, ...], tile, split: int) -> int:
     return s * math.ceil(m / tm) * math.ceil(n / tn) * split
 
 
+def _halved(tile: TensorCoreTile) -> TensorCoreTile:
+    """``tile`` with its warps' fragment tiles halved along the tile's longer side."""
+    tm, tn, _ = tile.shape
+    if tile.frag_m > 1 and (tm >= tn or tile.frag_n == 1):
+        return replace(tile, frag_m=tile.frag_m // 2)
+    return replace(tile, frag_n=tile.frag_n // 2)
+
+
 def _filling(extents: tuple[int, ...], tile: TensorCoreTile, target, op: str
              ) -> TensorCoreTile:
-    """``tile`` for an input gradient's GEMM, its warps' fragment tiles halved (the larger
-    side of the tile first) while its grid, split as ``_split_for`` splits it, has fewer
-    thread blocks than the GPU has SMs, down to one 16 x 16 fragment per warp; the weight
-    gradient's tile as it is (its split fills the SMs; the rule was measured on the input
-    gradient only).
+    """``tile`` with its warps' fragment tiles halved (the larger side of the tile first, down
+    to one 16 x 16 fragment per warp) while its grid, split as ``_split_for`` splits it, leaves
+    the GPU short of thread blocks: for the input gradient, while it has fewer blocks than the
+    GPU has SMs; for the weight gradient, whose split-K fills ``BLOCKS_PER_SM`` blocks per SM
+    up to ``MAX_SPLIT_K`` splits, while that cap leaves the grid at half of that or less (a
+    halving then still fits one wave).
 
     The input gradient's reduction is split only where it is long, so its short GEMMs (stride
     phases, border rows, small maps) left most SMs idle with 128 x 64 tiles: the stride-2
@@ -214,16 +223,23 @@ def _filling(extents: tuple[int, ...], tile: TensorCoreTile, target, op: str
     14 rows of the CUDA suite with each of four rules, ``benchmarks/results/h200-2026-11-26/
     policies.log``): this rule took that layer from 0.132 to 0.108 ms and the depthwise and
     4-group layers' input gradients from 0.071 / 0.070 to 0.065 / 0.064 ms, and moved no other
-    row by more than 3%; halving the warps too, or stopping at half the SMs, was no faster."""
-    if op != "conv3d_backprop_input":
+    row by more than 3%; halving the warps too, or stopping at half the SMs, was no faster.
+    The weight gradient of seed 000's layer (16 output channels: a 16 x 288 GEMM over 82944
+    positions) split 64 ways gave 192 blocks of 16 x 128 (a third of them padding) for 396
+    places; with 16 x 64 tiles, 320 blocks, it ran 0.037 -> 0.028 ms on an H200 (2026-11-27,
+    ``benchmarks/results/h200-2026-11-27/sweep.log``); every other weight gradient of the
+    suite has 384-392 blocks and is left as it is."""
+    if op == "conv3d_backprop_input":
+        while (_blocks(extents, tile, _split_for(extents, tile, target, op)) < sm_count(target)
+               and tile.frag_m * tile.frag_n > 1):
+            tile = _halved(tile)
         return tile
-    while (_blocks(extents, tile, _split_for(extents, tile, target, op)) < sm_count(target)
-           and tile.frag_m * tile.frag_n > 1):
-        tm, tn, _ = tile.shape
-        if tile.frag_m > 1 and (tm >= tn or tile.frag_n == 1):
-            tile = replace(tile, frag_m=tile.frag_m // 2)
-        else:
-            tile = replace(tile, frag_n=tile.frag_n // 2)
+    places = BLOCKS_PER_SM * sm_count(target)
+    while tile.frag_m * tile.frag_n > 1:
+        split = _split_for(extents, tile, target, op)
+        if split < MAX_SPLIT_K or 2 * _blocks(extents, tile, split) > places:
+            break
+        tile = _halved(tile)
     return tile
 
 
