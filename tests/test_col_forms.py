@@ -198,6 +198,12 @@ def test_a_pointwise_weight_gradient_has_the_form_at_any_number_of_positions():
         assert ("col" in forms) == has, (conv, kind)
     assert not kernels.col_applies(shortcut)
     assert kernels.input_col_applies(conv3d(1, 32, (8, 28, 28), 64, (1, 1, 1), stride=2, pad=0))
+    # A stride-1 pointwise dX computed transposed: its matrix is dX, up to 64 MiB (X3D-M's
+    # 54 -> 24 on 16x56x56 is 10.3 MiB, its 24 -> 54 on 16x112x112 18.4 MiB).
+    assert kernels.input_col_applies(conv3d(1, 54, (16, 56, 56), 24, (1, 1, 1), pad=0))
+    assert kernels.input_col_applies(conv3d(1, 24, (16, 112, 112), 54, (1, 1, 1), pad=0))
+    assert kernels.input_col_applies(conv3d(1, 256, (16, 64, 64), 8, (1, 1, 1), pad=0))  # 64 MiB
+    assert not kernels.input_col_applies(conv3d(1, 257, (16, 64, 64), 8, (1, 1, 1), pad=0))
     for conv in (conv3d(1, 32, (4, 16, 16), 48, (1, 1, 1), pad=0),  # 1024 positions
                  conv3d(1, 48, (16, 28, 28), 216, (1, 1, 1), pad=0),  # 12544 positions
                  conv3d(2, 16, (16, 64, 64), 8, (1, 1, 1), pad=0),  # 8 MiB exactly

@@ -649,6 +649,11 @@ COL_MAX_BYTES = 8 << 20
 # 48 -> 96 shortcut 0.32 against 0.24 and U-Net's 64 -> 3 output layer 0.37 against 0.01 for
 # the dot form (the race keeps those).
 COL_MAX_POINTWISE_POSITIONS = math.inf
+# A pointwise input gradient of stride 1 computed transposed (:func:`_transposes_dx`): its
+# matrix is dX itself (as (N, P, Cin)), held once more; it races up to this size. Zen 4,
+# X3D-M's 54 -> 24 on 16x56x56 (10.3 MiB) 1.78 ms against the rows form's 2.45-2.80, its
+# 24 -> 54 on 16x112x112 (18.4 MiB) 6.5 against 9.3 (PyTorch 29), both within one process.
+COL_MAX_TRANSPOSED_BYTES = 64 << 20
 
 
 def col_applies(conv: Conv3d, max_positions: int = COL_MAX_POSITIONS) -> bool:
@@ -709,11 +714,12 @@ def input_col_applies(conv: Conv3d) -> bool:
     result spread over one stride phase and zeros elsewhere (R(2+1)D's stride-2 64 -> 128
     shortcut on 8x28x28, 784 positions: 0.10 ms against the packed form's 0.14, Zen 4), and
     for a pointwise layer of stride 1 whose dX is the GEMM's result transposed in register
-    tiles (:func:`_transposes_dx`; ``cols`` within ``COL_MAX_BYTES``). Transposed element by
-    element, that dX lost to the packed and rows forms; in tiles, X3D-M's 96 -> 216 on
-    16x14x14 took 0.63 ms against their 0.86, 24 -> 54 on 16x56x56 1.00 against 1.98."""
+    tiles (:func:`_transposes_dx`; ``cols`` within ``COL_MAX_TRANSPOSED_BYTES``). Transposed
+    element by element, that dX lost to the packed and rows forms; in tiles, X3D-M's 96 -> 216
+    on 16x14x14 took 0.63 ms against their 0.86, 24 -> 54 on 16x56x56 1.00 against 1.98."""
     if _transposes_dx(conv):
-        return 4 * conv.batch * math.prod(conv.in_spatial) * conv.cin <= COL_MAX_BYTES
+        cols = 4 * conv.batch * math.prod(conv.in_spatial) * conv.cin
+        return cols <= COL_MAX_TRANSPOSED_BYTES
     pointwise = tuple(conv.kernel) == (1, 1, 1) and math.prod(conv.strides) > 1
     return col_applies(conv, COL_MAX_POINTWISE_POSITIONS if pointwise else COL_MAX_POSITIONS)
 
