@@ -165,6 +165,16 @@ def _files_state(folder: Path) -> tuple:
     return tuple(state)
 
 
+def json_database(folder: str | os.PathLike, allow_missing: bool = True):
+    """MetaSchedule's JSON database in ``folder``, every tensor intrinsic a record's trace may
+    name registered first (``schedules.register_intrinsics``): the database refuses a record
+    whose intrinsic is unknown, and a process reads records before it has scheduled anything."""
+    from . import schedules
+
+    schedules.register_intrinsics()
+    return _ms().database.JSONDatabase(work_dir=str(folder), allow_missing=allow_missing)
+
+
 def _database(folder: str | os.PathLike, create: bool = False):
     """The JSON database of ``folder`` (its lock held by the caller), parsed once while its
     files stay as this process last saw them (:data:`_DATABASES`)."""
@@ -175,7 +185,7 @@ def _database(folder: str | os.PathLike, create: bool = False):
         cached = _DATABASES.get(key)
         if cached is not None and cached[0] == state:
             return cached[1]
-    db = _ms().database.JSONDatabase(work_dir=str(folder), allow_missing=create)
+    db = json_database(folder, allow_missing=create)
     _remember(folder, db)
     return db
 
@@ -503,9 +513,8 @@ def select(func, default: Callable, target: Target, search: str | os.PathLike,
     """
     from ._tvm import s_tir
 
-    ms = _ms()
     mod = workload(func)
-    db = ms.database.JSONDatabase(work_dir=str(search), allow_missing=False)
+    db = json_database(search, allow_missing=False)
     candidates = list(db.get_top_k(db.commit_workload(mod), top_k))
     stored_db = _open_records(records)
     stored = None if stored_db is None else _best_record(stored_db, mod, target)
@@ -566,7 +575,7 @@ def tune(func, space: Callable, target: Target, trials: int, records: str | os.P
     records = Path(records)
     search = Path(search) if search is not None else records / "search"
     search.mkdir(parents=True, exist_ok=True)
-    db = ms.database.JSONDatabase(work_dir=str(search))
+    db = json_database(search)
     callbacks = [ms.measure_callback.AddToDatabase(), ms.measure_callback.RemoveBuildArtifact(),
                  ms.measure_callback.UpdateCostModel()]
     if not quiet and trials > 0:
@@ -871,10 +880,9 @@ def _logs_to(folder: Path):
 
 def measured_trials(search: str | os.PathLike, func) -> int:
     """How many candidates of ``func``'s workload the ``search`` database holds."""
-    ms = _ms()
     if not (Path(search) / RECORD_FILES[1]).is_file():
         return 0
-    db = ms.database.JSONDatabase(work_dir=str(search), allow_missing=False)
+    db = json_database(search, allow_missing=False)
     mod = workload(func)
     if not db.has_workload(mod):
         return 0
@@ -1014,7 +1022,7 @@ def _tune_round(tasks, hashes, target, search, logs, trials, per_iter, rpc, cost
     from .target import cpu_count
 
     ms = _ms()
-    db = ms.database.JSONDatabase(work_dir=str(search))
+    db = json_database(search)
     names = [f"{i:02d}_{t.name}" for i, t in enumerate(tasks)]
     loggers = []
     for name in names:

@@ -502,3 +502,31 @@ def test_the_first_calls_stop_within_their_share_of_the_budget(monkeypatch):
     made = []
     times = tune._first_times([lambda: made.append(1) or 3.0])
     assert times == [3.0] and len(made) == 1
+
+
+def test_records_that_tensorize_are_read_by_a_fresh_process(tmp_path):
+    """A record whose trace tensorizes (the col input gradient's register-tile transposes)
+    is read by a process that has scheduled nothing yet: MetaSchedule's database refuses a
+    record naming an intrinsic the process has not registered, and the next build of any
+    kernel in a records folder holding such a record failed (``tune.json_database`` registers
+    them first)."""
+    from tbe_like.schedules.common import Heuristic
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    conv = kernels.Conv3d(1, 24, 54, (4, 8, 8), (4, 8, 8), (1, 1, 1), (1, 1, 1), (0,) * 6,
+                          (1, 1, 1), 1)
+    graph = kernels.grad_input_col(conv, kernels.Precision("float32", "float32"))
+    func = kernels.prim_func(graph)
+    target = host_target()
+    sch = kernels.schedule(s_tir.Schedule(IRModule({"main": func})), graph, target, Heuristic(16))
+    assert "tbe_like_llvm_transpose" in str(sch.trace)
+    ms = tune._ms()
+    records = tmp_path / "records"
+    tune.keep_record(records, ms.database.TuningRecord(
+        sch.trace, ms.database.Workload(tune.workload(func)), [1e-3], target,
+        ArgInfo.from_prim_func(func)), tune.workload(func))
+    read = subprocess.run(
+        [sys.executable, "-c", "import sys; from tbe_like import tune; "
+         "print(len(tune.json_database(sys.argv[1], False).get_all_tuning_records()))",
+         str(records)], capture_output=True, text=True, timeout=300)
+    assert read.returncode == 0 and read.stdout.split()[-1] == "1", read.stderr[-2000:]
