@@ -206,13 +206,14 @@ def test_a_pointwise_weight_gradient_has_the_form_at_any_number_of_positions():
     assert not kernels.input_col_applies(conv3d(1, 257, (16, 64, 64), 8, (1, 1, 1), pad=0))
     for conv in (conv3d(1, 32, (4, 16, 16), 48, (1, 1, 1), pad=0),  # 1024 positions
                  conv3d(1, 48, (16, 28, 28), 216, (1, 1, 1), pad=0),  # 12544 positions
-                 conv3d(2, 16, (16, 64, 64), 8, (1, 1, 1), pad=0),  # 8 MiB exactly
+                 conv3d(1, 24, (16, 112, 112), 54, (1, 1, 1), pad=0),  # X3D-M's, 18.4 MiB
+                 conv3d(2, 128, (16, 64, 64), 8, (1, 1, 1), pad=0),  # 64 MiB exactly
                  conv3d(1, 24, (4, 8, 9), 48, (1, 1, 1), pad=0)):  # a vector and a tail of 8
         assert kernels.weight_col_applies(conv)
     for conv in (conv3d(1, 32, (4, 8, 9), 48, (3, 3, 3)),  # 288 positions, 3x3x3
                  conv3d(1, 32, (4, 8, 9), 48, (1, 1, 1), pad=0, groups=2),  # groups
-                 conv3d(1, 8192, (1, 16, 20), 16, (1, 1, 1), pad=0),  # a 10 MiB matrix
-                 conv3d(2, 16, (16, 64, 65), 8, (1, 1, 1), pad=0)):  # just over 8 MiB
+                 conv3d(1, 8192, (1, 32, 80), 16, (1, 1, 1), pad=0),  # an 80 MiB matrix
+                 conv3d(2, 128, (16, 64, 65), 8, (1, 1, 1), pad=0)):  # just over 64 MiB
         assert not kernels.weight_col_applies(conv)
 
 

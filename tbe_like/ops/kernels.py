@@ -649,24 +649,27 @@ COL_MAX_BYTES = 8 << 20
 # 48 -> 96 shortcut 0.32 against 0.24 and U-Net's 64 -> 3 output layer 0.37 against 0.01 for
 # the dot form (the race keeps those).
 COL_MAX_POINTWISE_POSITIONS = math.inf
-# A pointwise input gradient of stride 1 computed transposed (:func:`_transposes_dx`): its
-# matrix is dX itself (as (N, P, Cin)), held once more; it races up to this size. Zen 4,
-# X3D-M's 54 -> 24 on 16x56x56 (10.3 MiB) 1.78 ms against the rows form's 2.45-2.80, its
-# 24 -> 54 on 16x112x112 (18.4 MiB) 6.5 against 9.3 (PyTorch 29), both within one process.
-COL_MAX_TRANSPOSED_BYTES = 64 << 20
+# A pointwise layer's matrices are at most its x or dX (x transposed or the positions a
+# strided layer reads; dX transposed, :func:`_transposes_dx`), held once more: its col forms
+# race up to this size. Zen 4, within one process: X3D-M's 24 -> 54 on 16x112x112 (18.4 MiB)
+# dX 6.5 ms against the rows form's 9.3 (PyTorch 29) and dW 5.5 against the packed form's
+# 14.5 (PyTorch 31); its 54 -> 24 on 16x56x56 (10.3 MiB) dX 1.8-2.1 against 2.4-2.8, dW 2.5
+# against 2.4 (the race keeps the packed form).
+COL_MAX_POINTWISE_BYTES = 64 << 20
 
 
-def col_applies(conv: Conv3d, max_positions: int = COL_MAX_POSITIONS) -> bool:
+def col_applies(conv: Conv3d, max_positions: int = COL_MAX_POSITIONS,
+                max_bytes: int = COL_MAX_BYTES) -> bool:
     """Whether the col forms build ``conv``'s gradients (``grad_input_col``; for the weight
     gradient, :func:`weight_col_applies` extends it): no groups, at most ``max_positions``
     positions, a filter row (Cin*kd*kh*kw) of at least one vector (``ROWS_LANES``), an im2col
-    matrix within ``COL_MAX_BYTES``. The columns past the row's last whole vector are a
+    matrix within ``max_bytes``. The columns past the row's last whole vector are a
     narrower vector of their own (``schedules.llvm.conv3d_backprop_filter_col.schedule_gemm``):
     R(2+1)D's 921 -> 512 temporal layer on 2x4x4, 2763 columns, reads its 5.6 MB filter in
     place instead of packing it."""
     positions, columns = _col_shape(conv)
     return (conv.groups == 1 and positions <= max_positions and columns >= ROWS_LANES
-            and 4 * positions * _padded_columns(conv) <= COL_MAX_BYTES)
+            and 4 * positions * _padded_columns(conv) <= max_bytes)
 
 
 def _padded_columns(conv: Conv3d) -> int:
@@ -697,15 +700,17 @@ def _transposes_x(conv: Conv3d) -> bool:
 
 def weight_col_applies(conv: Conv3d) -> bool:
     """Whether ``grad_weight_col`` builds ``conv``'s weight gradient: where
-    :func:`col_applies`, at any number of positions (``COL_MAX_POINTWISE_POSITIONS``) for a
-    pointwise layer, and at any filter row where x transposed is the im2col matrix
+    :func:`col_applies`, at any number of positions (``COL_MAX_POINTWISE_POSITIONS``) and
+    within ``COL_MAX_POINTWISE_BYTES`` for a pointwise layer, and at any filter row where x
+    transposed is the im2col matrix
     (:func:`_transposes_x`: 8 input channels are one 8-lane tile wide, a GEMM of one
     narrower vector per row tile)."""
     if _transposes_x(conv):
         positions, columns = _col_shape(conv)
-        return 4 * positions * columns <= COL_MAX_BYTES
-    pointwise = tuple(conv.kernel) == (1, 1, 1)
-    return col_applies(conv, COL_MAX_POINTWISE_POSITIONS if pointwise else COL_MAX_POSITIONS)
+        return 4 * positions * columns <= COL_MAX_POINTWISE_BYTES
+    if tuple(conv.kernel) == (1, 1, 1):
+        return col_applies(conv, COL_MAX_POINTWISE_POSITIONS, COL_MAX_POINTWISE_BYTES)
+    return col_applies(conv)
 
 
 def input_col_applies(conv: Conv3d) -> bool:
@@ -714,14 +719,15 @@ def input_col_applies(conv: Conv3d) -> bool:
     result spread over one stride phase and zeros elsewhere (R(2+1)D's stride-2 64 -> 128
     shortcut on 8x28x28, 784 positions: 0.10 ms against the packed form's 0.14, Zen 4), and
     for a pointwise layer of stride 1 whose dX is the GEMM's result transposed in register
-    tiles (:func:`_transposes_dx`; ``cols`` within ``COL_MAX_TRANSPOSED_BYTES``). Transposed
+    tiles (:func:`_transposes_dx`), within ``COL_MAX_POINTWISE_BYTES``. Transposed
     element by element, that dX lost to the packed and rows forms; in tiles, X3D-M's 96 -> 216
     on 16x14x14 took 0.63 ms against their 0.86, 24 -> 54 on 16x56x56 1.00 against 1.98."""
     if _transposes_dx(conv):
         cols = 4 * conv.batch * math.prod(conv.in_spatial) * conv.cin
-        return cols <= COL_MAX_TRANSPOSED_BYTES
-    pointwise = tuple(conv.kernel) == (1, 1, 1) and math.prod(conv.strides) > 1
-    return col_applies(conv, COL_MAX_POINTWISE_POSITIONS if pointwise else COL_MAX_POSITIONS)
+        return cols <= COL_MAX_POINTWISE_BYTES
+    if tuple(conv.kernel) == (1, 1, 1) and math.prod(conv.strides) > 1:
+        return col_applies(conv, COL_MAX_POINTWISE_POSITIONS, COL_MAX_POINTWISE_BYTES)
+    return col_applies(conv)
 
 
 def _col_shape(conv: Conv3d) -> tuple[int, int]:
