@@ -166,12 +166,14 @@ def _files_state(folder: Path) -> tuple:
 
 
 def json_database(folder: str | os.PathLike, allow_missing: bool = True):
-    """MetaSchedule's JSON database in ``folder``, every tensor intrinsic a record's trace may
+    """MetaSchedule's JSON database in ``folder``, the tensor intrinsics its records' traces
     name registered first (``schedules.register_intrinsics``): the database refuses a record
     whose intrinsic is unknown, and a process reads records before it has scheduled anything."""
     from . import schedules
 
-    schedules.register_intrinsics()
+    records = Path(folder) / RECORD_FILES[1]
+    if records.is_file():
+        schedules.register_intrinsics(records.read_text(encoding="utf-8"))
     return _ms().database.JSONDatabase(work_dir=str(folder), allow_missing=allow_missing)
 
 

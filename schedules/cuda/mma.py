@@ -42,7 +42,7 @@ SHARED_SCOPE = "shared.dyn"
 DTYPES = ("float16", "bfloat16")
 STAGINGS = {"a": ("mk", "km"), "b": ("nk", "kn")}
 _PTX_TYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
-_PREFIX = "tbe_like_mma"
+PREFIX = "tbe_like_mma"
 
 
 def fragment(r, c):
@@ -274,12 +274,12 @@ def mma_intrinsics(dtype: str, a_staging: str, b_staging: str) -> MmaIntrins:
     # as the fragment of A wants them. B "nk" holds B^T's tile: its quadrants are wanted
     # column-first. A "km" / B "kn" hold transposed tiles: ldmatrix .trans, quadrants swapped.
     return MmaIntrins(
-        load_a=_register(f"{_PREFIX}_ldmatrix_a_{a_staging}_{short}",
+        load_a=_register(f"{PREFIX}_ldmatrix_a_{a_staging}_{short}",
                          lambda: _ldmatrix(dtype, a_staging == "km", a_staging == "mk")),
-        load_b=_register(f"{_PREFIX}_ldmatrix_b_{b_staging}_{short}",
+        load_b=_register(f"{PREFIX}_ldmatrix_b_{b_staging}_{short}",
                          lambda: _ldmatrix(dtype, b_staging == "kn", b_staging == "kn")),
-        compute=_register(f"{_PREFIX}_{a_staging}_{b_staging}_{short}_f32",
+        compute=_register(f"{PREFIX}_{a_staging}_{b_staging}_{short}_f32",
                           lambda: _mma(dtype, a_staging, b_staging)),
-        fill=_register(f"{_PREFIX}_fill_f32", _fill),
-        store=_register(f"{_PREFIX}_store_f32", _store),
+        fill=_register(f"{PREFIX}_fill_f32", _fill),
+        store=_register(f"{PREFIX}_store_f32", _store),
     )

@@ -25,6 +25,8 @@ from ..common import parallel
 TILE_LANES = (4, 8, 16)
 # The element types of the tiles (16-bit floats are moved as 16-bit integers).
 SHUFFLED = ("float32", "float16", "bfloat16")
+# What the names of the transpose intrinsics begin with.
+PREFIX = "tbe_like_llvm_transpose"
 
 
 def _round(lanes: int, bit: int) -> list[list[int]]:
@@ -99,7 +101,7 @@ def transpose_intrinsic(dtype: str, lanes: int) -> str:
     if lanes not in TILE_LANES or dtype not in SHUFFLED:
         raise ValueError(f"transpose tiles are {SHUFFLED} of {TILE_LANES} lanes, got {dtype} "
                          f"of {lanes}")
-    name = f"tbe_like_llvm_transpose_{dtype}_{lanes}x{lanes}"
+    name = f"{PREFIX}_{dtype}_{lanes}x{lanes}"
     if TensorIntrin.get(name, allow_missing=True) is None:
         TensorIntrin.register(name, *_funcs(dtype, lanes))
     return name
