@@ -314,3 +314,29 @@ def test_a_call_and_its_kernel_go_first_in_turn(monkeypatch):
     assert timed == ["call", "kernel", "kernel", "call"] * 2
     assert len(pairs) == 4
     assert all(c >= 0.002 > k for c, k in pairs)  # the sleeping call's time is its own
+
+
+def test_the_call_bound_is_decided_on_the_fastest_of_each(monkeypatch):
+    """``bench._call_over_kernel`` decides issue 25's bound on the fastest call against the
+    fastest kernel call of the pairs: a call 1 ms over its 10 ms kernel in every pair is over
+    the bound (whatever the medians say), and a fixed 0.01 ms overhead with slow phases that
+    caught more of the call's turns is within it; the median over the pairs is reported too."""
+    from tbe_like import bench
+
+    def fake(pairs):
+        def paired(call, kernel, pairs_=5, settle=0.05, seconds=None, **kw):
+            return list(pairs)
+        return paired
+
+    # Slow phases (x1.3) caught 3 of the call's 5 turns and 1 of the kernel's.
+    noisy = [(13.01e-3, 10e-3), (13.01e-3, 10e-3), (13.01e-3, 10e-3), (10.01e-3, 13e-3),
+             (10.01e-3, 10e-3)]
+    monkeypatch.setattr(bench, "_paired", fake(noisy))
+    ratio, over, rechecks, median = bench._call_over_kernel([None], None, slow=False)
+    assert ratio == pytest.approx(1.001) and over < 0 and rechecks == 0
+    assert median == pytest.approx(1.301)
+    slow = [(11e-3, 10e-3)] * 5
+    monkeypatch.setattr(bench, "_paired", fake(slow))
+    ratio, over, rechecks, median = bench._call_over_kernel([None], None, slow=False)
+    assert ratio == pytest.approx(1.1) and over == pytest.approx(11 - 1.05 * 10 - 0.05)
+    assert rechecks == bench.CALL_RECHECKS  # measured again, still over
