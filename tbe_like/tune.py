@@ -619,12 +619,16 @@ class Selection:
     executable: Any = field(default=None, repr=False, compare=False)
     # Candidates left uncompiled when compiling ran past ``MEASURE_BUILD_SECONDS``.
     skipped: tuple[str, ...] = ()
+    # Candidates the cost model ranked below the ones timed (``ranking.TOP_K``).
+    ranked_out: tuple[str, ...] = ()
 
     def as_dict(self) -> dict:
         found = {"choice": self.choice, "seconds": round(self.seconds, 3),
                  "times_ms": {k: round(v * 1e3, 4) for k, v in self.times.items()}}
         if self.skipped:
             found["skipped"] = list(self.skipped)
+        if self.ranked_out:
+            found["ranked_out"] = list(self.ranked_out)
         return found
 
 
@@ -681,8 +685,8 @@ def _options(forms) -> list[tuple[str, Any, Any]]:
 
 def measured_schedule(func, schedule_with: Callable[[Any, Any], Any], candidates: list,
                       target: Target, records: str | os.PathLike | None = None,
-                      symbol: str = "main", alternatives: tuple[Form, ...] = ()
-                      ) -> tuple[Any, Selection | None]:
+                      symbol: str = "main", alternatives: tuple[Form, ...] = (),
+                      layer: dict | None = None) -> tuple[Any, Selection | None]:
     """Like cuDNN's benchmark mode or FFTW's planner: schedule ``func`` with each knobs value
     in ``candidates`` (``schedule_with(sch, knobs)``), compile the distinct schedules, time
     them here side by side (:func:`_race`, within ``MEASURE_SECONDS``), and store the fastest
@@ -691,16 +695,27 @@ def measured_schedule(func, schedule_with: Callable[[Any, Any], Any], candidates
 
     ``alternatives``: other forms of the kernel whose candidates race too; the record is
     stored under the winner's own workload (its form is then the one :func:`plan` finds).
+    ``layer``: the layer the kernel computes (a framework operator's ``para_dict``), for the
+    cost model of this host class, if there is one, to rank the candidates: only the best
+    ``ranking.TOP_K`` are compiled and timed (``ranking.rank``; a shipped record's schedule
+    always is).
     Returns the fastest schedule and what was done (``None`` when the candidates give one
     schedule: nothing to time, nothing stored); the candidates are compiled as functions
     named ``symbol``, and the selection keeps the winner's executable.
     """
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
+    from . import ranking
+
     start = time.perf_counter()
     options = _options((Form("", func, schedule_with, candidates), *alternatives))
     if len(options) == 1:
         return options[0][1], None
+    names = [name for name, _, _ in options]
+    kept = set(ranking.keep(ranking.rank(layer, names, target), len(options)))
+    kept |= {i for i, name in enumerate(names) if name.endswith(SHIPPED)}
+    ranked_out = tuple(name for i, name in enumerate(names) if i not in kept)
+    options = [option for i, option in enumerate(options) if i in kept]
     runners, executables = _runners([sch.mod["main"] for _, sch, _ in options], target, symbol,
                                     MEASURE_BUILD_SECONDS)
     built = [i for i, run in enumerate(runners) if run is not None]
@@ -726,7 +741,8 @@ def measured_schedule(func, schedule_with: Callable[[Any, Any], Any], candidates
                    record, [times[best]])
     selection = Selection(name, {options[i][0]: times[i] for i in built},
                           time.perf_counter() - start, executables[best],
-                          tuple(n for i, (n, _, _) in enumerate(options) if i not in built))
+                          tuple(n for i, (n, _, _) in enumerate(options) if i not in built),
+                          ranked_out)
     return sch, selection
 
 
@@ -735,13 +751,14 @@ SHIPPED = "shipped record"
 
 
 def plan(func, schedule_with: Callable[[Any, Any], Any], candidates: list, target: Target,
-         symbol: str = "main", alternatives: tuple[Form, ...] = ()
+         symbol: str = "main", alternatives: tuple[Form, ...] = (), layer: dict | None = None
          ) -> tuple[Any, str, Selection | None]:
     """How a build schedules ``func``: the stored record (``"record"``; of ``func`` or of one
     of the ``alternatives``, the first records folder's, fastest first), else on a CPU the
     fastest of ``candidates`` (and of the alternatives') measured here (``"measured"``,
     :func:`measured_schedule`; for arguments up to ``MEASURE_MAX_BYTES``), else the rule's
-    default (``"rule"``). Records shipped with the package, where they are all there is and
+    default (``"rule"``; ``layer``: :func:`measured_schedule`'s). Records shipped with the
+    package, where they are all there is and
     the kernel has other forms, are measured here against those forms (``"measured"``, the
     record's schedule named ``SHIPPED``). Returns the schedule, its origin and the
     selection."""
@@ -769,11 +786,13 @@ def plan(func, schedule_with: Callable[[Any, Any], Any], candidates: list, targe
         forms[index] = Form(form.name, form.func, with_record, [SHIPPED])
         first, *others = forms
         sch, selection = measured_schedule(func, first.schedule_with, first.candidates, target,
-                                           symbol=symbol, alternatives=tuple(others))
+                                           symbol=symbol, alternatives=tuple(others),
+                                           layer=layer)
         return sch, "measured", selection
     if measure:
         sch, selection = measured_schedule(func, schedule_with, candidates, target,
-                                           symbol=symbol, alternatives=alternatives)
+                                           symbol=symbol, alternatives=alternatives,
+                                           layer=layer)
         return sch, "rule" if selection is None else "measured", selection
     return schedule_with(s_tir.Schedule(workload(func)), None), "rule", None
 

@@ -205,8 +205,10 @@ def msg(op: str, *parts: str) -> str:
 @pytest.fixture
 def measuring(tmp_path, monkeypatch):
     """Measured selection on (the test run's default is off), its records in a private cache
-    folder (and nowhere else); returns ``tmp_path``."""
+    folder (and nowhere else), every candidate timed (no cost model ranks them: what is timed
+    must not depend on the host's class, ``tbe_like.ranking``); returns ``tmp_path``."""
     monkeypatch.setenv("TBE_LIKE_MEASURE", "1")
+    monkeypatch.setenv("TBE_LIKE_RANK", "0")
     monkeypatch.setenv("TBE_LIKE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("TBE_LIKE_RECORDS", str(tmp_path / "no-user-records"))
     return tmp_path

@@ -450,7 +450,7 @@ def _cached(cache: KernelCache, kind: str, conv: kernels.Conv3d, prec: kernels.P
     def build(output_dir, kernel_name):
         graph = graph_of(kind, conv, prec, transposed, target)
         kernels.build(graph, target, output_dir, kernel_name, OP,
-                      {"kernel": kind, **fields["conv"], **fields["precision"]},
+                      {**fields["conv"], **fields["precision"], "gradient": kind},
                       alternatives=_other_forms(graph, kind, conv, prec, transposed, target))
 
     return cache.get(OP, fields, target, build)

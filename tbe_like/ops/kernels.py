@@ -1330,8 +1330,11 @@ def build(graph: Graph, target: Target, output_dir, kernel_name: str, op: str,
     from ..tune import plan
 
     main, *forms = selection_forms(graph, target, alternatives)
+    # A framework operator's kernel names its layer (``gradient`` and the ``Conv3d``'s
+    # fields): the cost model ranks its candidates by it (``tbe_like.ranking``).
+    layer = para_dict if {"gradient", "cin", "in_spatial"} <= para_dict.keys() else None
     sch, origin, selection = plan(main.func, main.schedule_with, main.candidates, target,
-                                  symbol=kernel_name, alternatives=tuple(forms))
+                                  symbol=kernel_name, alternatives=tuple(forms), layer=layer)
     tuned = origin == "record"
     mod = IRModule({"main": sch.mod["main"].with_attr("global_symbol", kernel_name)})
     if selection is not None and selection.executable is not None:

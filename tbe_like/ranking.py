@@ -1,0 +1,203 @@
+"""Which candidates measured selection compiles and times: ranked by a cost model first.
+
+Measured selection (``tune.measured_schedule``) races a kernel's candidates on the machine:
+each form's knob sets (the packed form's tiles for 8 and 16 lanes, split K, whole
+reductions, the col, rows, outer, dot, direct and temporal forms', each also on one core
+where a kernel is small), up to 13 for one kernel, each compiled before it is timed. A cost
+model ranks them first and only the best :data:`TOP_K` are compiled and timed.
+
+The model is XGBoost's (``rank:pairwise``), trained on what measured selection measured: the
+fastest call of every candidate of every kernel of the network suite's development half
+(``tbe-like bench --network dev`` writes them in its JSON, ``selection.times_ms``), by
+``benchmarks/train_ranking.py``; the validation half is never trained on. A candidate is
+described by numbers alone (:func:`features`): the layer (its gradient, channels, groups,
+maps, kernel, strides, padding, flops and operand sizes), the candidate (its form, its knobs,
+one core or all) and the host's vector width and cores.
+
+A model is trained on one host class and shipped for it (``tbe_like/records/ranking_<mcpu>.json``,
+with the features it was trained on); on a host of another class (LLVM ``mcpu``) no model is
+found and every candidate is timed, as before. ``TBE_LIKE_RANK=0`` times every candidate too.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+# How many of a kernel's candidates are compiled and timed where a model ranks them.
+TOP_K = 5
+# Turns ranking off (every candidate timed) where set to 0.
+RANK_ENV = "TBE_LIKE_RANK"
+# Where the shipped models are: ``ranking_<mcpu>.json``.
+MODELS_DIR = Path(__file__).parent / "records"
+# What the model file's format is; a file of another version is not read.
+FORMAT = 1
+
+# The forms a candidate's name may start with (``"col: Heuristic(lanes=8)"``); "" is the
+# kernel's own form.
+FORMS = ("", "col", "rows", "outer", "dot", "direct", "temporal")
+_KNOBS = ("split_k", "whole", "gemm", "rows")
+# The suffix of a candidate built for one core (``kernels.ONE_CORE_SUFFIX``).
+_ONE_CORE = ", one core"
+
+LAYER_FEATURES = (
+    "input_gradient", "log_batch", "log_cin", "log_cout", "log_groups", "log_cin_group",
+    "log_cout_group", "log_in_d", "log_in_h", "log_in_w", "log_out_d", "log_out_h",
+    "log_out_w", "kernel_d", "kernel_h", "kernel_w", "stride_d", "stride_h", "stride_w",
+    "pad_d", "pad_h", "pad_w", "dilated", "log_flops", "log_x_bytes", "log_y_bytes",
+    "log_w_bytes", "pointwise", "depthwise")
+CANDIDATE_FEATURES = (
+    *(f"form_{f or 'own'}" for f in FORMS), "one_core", "rule", "lanes",
+    *(f"knob_{k}" for k in _KNOBS), "accumulators")
+HOST_FEATURES = ("vector_bits", "cores")
+FEATURES = (*LAYER_FEATURES, *CANDIDATE_FEATURES, *HOST_FEATURES)
+
+
+def _log(v: float) -> float:
+    return math.log2(max(float(v), 1.0))
+
+
+def layer_features(layer: dict) -> list[float]:
+    """The numbers that describe a layer: ``layer`` is a kernel's ``para_dict`` as the
+    framework operators build it (``gradient``: grad_input or grad_weight, and the fields of
+    ``kernels.Conv3d``), or a benchmark row's (``gradient``: input or weight, and
+    ``config``)."""
+    if "config" in layer:  # a benchmark row
+        c = layer["config"]
+        grad_input = layer["gradient"] == "input"
+        batch, cin, cout, groups = c["n"], c["cin"], c["cout"], c["groups"]
+        kernel, strides, dilation = c["kernel"], c["stride"], c["dilation"]
+        in_sp = c["spatial"]
+        pads = [2 * p for p in c["pad"]]
+        out_sp = [(i + p - dl * (k - 1) - 1) // s + 1 for i, p, dl, k, s
+                  in zip(in_sp, pads, dilation, kernel, strides, strict=True)]
+        itemsize = 2 if c.get("dtype") in ("float16", "bfloat16") else 4
+    else:
+        grad_input = layer["gradient"] == "grad_input"
+        batch, cin, cout, groups = layer["batch"], layer["cin"], layer["cout"], layer["groups"]
+        kernel, strides, dilation = layer["kernel"], layer["strides"], layer["dilations"]
+        in_sp, out_sp = layer["in_spatial"], layer["out_spatial"]
+        p = layer["pads"]
+        pads = [p[0] + p[1], p[2] + p[3], p[4] + p[5]]
+        itemsize = 2 if layer.get("dtype") in ("float16", "bfloat16") else 4
+    taps = math.prod(kernel)
+    flops = 2 * batch * cout * math.prod(out_sp) * (cin // groups) * taps
+    return [
+        float(grad_input), _log(batch), _log(cin), _log(cout), _log(groups),
+        _log(cin // groups), _log(cout // groups), *map(_log, in_sp), *map(_log, out_sp),
+        *map(float, kernel), *map(float, strides), *map(float, pads),
+        float(max(dilation) > 1), _log(flops),
+        _log(batch * cin * math.prod(in_sp) * itemsize),
+        _log(batch * cout * math.prod(out_sp) * itemsize),
+        _log(cout * (cin // groups) * taps * itemsize),
+        float(taps == 1), float(cin // groups == 1)]
+
+
+_HEURISTIC = re.compile(r"Heuristic\((.*)\)")
+
+
+def candidate_features(name: str) -> list[float]:
+    """The numbers that describe a candidate, from the name measured selection gives it
+    (``"col: Heuristic(lanes=8)"``, ``"rule, one core"``, ``"Heuristic(lanes=16,
+    split_k=False, whole=True)"``: ``tune._options``)."""
+    form, _, knobs = name.rpartition(": ")
+    one_core = knobs.endswith(_ONE_CORE)
+    if one_core:
+        knobs = knobs[:-len(_ONE_CORE)]
+    fields: dict[str, str] = {}
+    found = _HEURISTIC.fullmatch(knobs)
+    if found and found.group(1):
+        fields = dict(part.split("=", 1) for part in found.group(1).split(", "))
+
+    def flag(key: str) -> float:  # unset -1, False 0, True 1
+        return {"True": 1.0, "False": 0.0}.get(fields.get(key, ""), -1.0)
+
+    return [*(float(form == f) for f in FORMS), float(one_core), float(knobs == "rule"),
+            float(fields.get("lanes", 0)), *map(flag, _KNOBS),
+            float(fields.get("accumulators", 0))]
+
+
+def host_features(vector_bits: int, cores: int) -> list[float]:
+    return [float(vector_bits), float(cores)]
+
+
+def features(layer: dict, name: str, vector_bits: int, cores: int) -> list[float]:
+    """:data:`FEATURES` of candidate ``name`` of ``layer``'s kernel on a host of
+    ``vector_bits``-wide vectors and ``cores`` cores."""
+    return [*layer_features(layer), *candidate_features(name), *host_features(vector_bits, cores)]
+
+
+def enabled() -> bool:
+    return os.environ.get(RANK_ENV, "1") != "0"
+
+
+def model_path(mcpu: str) -> Path:
+    return MODELS_DIR / f"ranking_{mcpu}.json"
+
+
+@cache
+def _load(path: str, vector_bits: int) -> Any:
+    """The booster of a shipped model file, None where there is none, or one of another
+    format or feature set, or trained on hosts of other vector widths."""
+    p = Path(path)
+    if not p.is_file():
+        return None
+    saved = json.loads(p.read_text(encoding="utf-8"))
+    if (saved.get("format") != FORMAT or tuple(saved.get("features", ())) != FEATURES
+            or vector_bits not in saved.get("vector_bits", ())):
+        return None
+    import xgboost
+
+    booster = xgboost.Booster()
+    booster.load_model(bytearray(json.dumps(saved["model"]).encode()))
+    return booster
+
+
+def rank(layer: dict | None, names: list[str], target) -> list[int] | None:
+    """The indexes of ``names`` (a kernel's candidates) fastest first as the model of this
+    host class predicts; None where there is none (a host class no model was trained on,
+    ranking turned off, or a kernel not described by a ``layer``)."""
+    from .schedules.common import num_threads
+    from .target import vector_lanes
+
+    if layer is None or not enabled() or str(target.kind.name) != "llvm":
+        return None
+    bits = vector_lanes(target) * 32
+    booster = _load(str(model_path(str(target.attrs.get("mcpu", "")))), bits)
+    if booster is None:
+        return None
+    import numpy as np
+    import xgboost
+
+    rows = np.array([features(layer, n, bits, num_threads(target)) for n in names],
+                    dtype=np.float32)
+    # The model scores a candidate higher the faster it is (``rank:pairwise``).
+    scores = booster.predict(xgboost.DMatrix(rows, feature_names=list(FEATURES)))
+    return sorted(range(len(names)), key=lambda i: (-float(scores[i]), i))
+
+
+def write_model(path: str | os.PathLike, booster: Any, mcpu: str, vector_bits: int,
+                trained_on: list[str], kernels: int) -> None:
+    """Write ``booster`` (trained on :data:`FEATURES`) as the model of hosts of LLVM ``mcpu``
+    with ``vector_bits``-wide vectors, saying what it was trained on."""
+    raw = booster.save_raw("json")
+    Path(path).write_text(json.dumps({
+        "format": FORMAT, "features": list(FEATURES), "mcpu": mcpu,
+        "vector_bits": [vector_bits], "trained_on": trained_on, "kernels": kernels,
+        "model": json.loads(bytes(raw))}, separators=(",", ":")), encoding="utf-8")
+    _load.cache_clear()
+
+
+def keep(order: list[int] | None, count: int, top_k: int | None = None) -> list[int]:
+    """Which of ``count`` candidates to compile and time: the ``top_k`` (default
+    :data:`TOP_K`) best of ``order``, in their original order (which compiling follows); all
+    where ``order`` is None."""
+    top_k = TOP_K if top_k is None else top_k
+    if order is None or count <= top_k:
+        return list(range(count))
+    return sorted(order[:top_k])
