@@ -25,6 +25,7 @@ import json
 import math
 import os
 import re
+import warnings
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -143,18 +144,26 @@ def model_path(mcpu: str) -> Path:
 @cache
 def _load(path: str, vector_bits: int) -> Any:
     """The booster of a shipped model file, None where there is none, or one of another
-    format or feature set, or trained on hosts of other vector widths."""
+    format or feature set, or trained on hosts of other vector widths, or one that cannot be
+    read (with a warning)."""
     p = Path(path)
     if not p.is_file():
         return None
-    saved = json.loads(p.read_text(encoding="utf-8"))
-    if (saved.get("format") != FORMAT or tuple(saved.get("features", ())) != FEATURES
-            or vector_bits not in saved.get("vector_bits", ())):
-        return None
     import xgboost
 
-    booster = xgboost.Booster()
-    booster.load_model(bytearray(json.dumps(saved["model"]).encode()))
+    try:
+        saved = json.loads(p.read_text(encoding="utf-8"))
+        if (saved.get("format") != FORMAT or tuple(saved.get("features", ())) != FEATURES
+                or vector_bits not in saved.get("vector_bits", ())):
+            return None
+        booster = xgboost.Booster()
+        booster.load_model(bytearray(json.dumps(saved["model"]).encode()))
+    except (OSError, ValueError, TypeError, AttributeError, KeyError,
+            xgboost.core.XGBoostError) as err:  # a damaged file never breaks a build
+        warnings.warn(f"tbe_like: ignoring the selection's cost model {p} "
+                      f"({type(err).__name__}: {err}); every candidate is timed",
+                      RuntimeWarning, stacklevel=2)
+        return None
     return booster
 
 

@@ -129,6 +129,12 @@ def test_a_model_ranks_only_for_its_host_class(host_model, monkeypatch):
     path.write_text(json.dumps(dict(saved, features=["x"])))
     ranking._load.cache_clear()
     assert ranking.rank(layer, names, target) is None
+    # A damaged file: a warning, and every candidate is timed.
+    for damaged in ("not json\n", json.dumps(dict(saved, model={"learner": 3}))):
+        path.write_text(damaged)
+        ranking._load.cache_clear()
+        with pytest.warns(RuntimeWarning, match="ignoring the selection's cost model"):
+            assert ranking.rank(layer, names, target) is None
 
 
 def test_a_selection_times_only_the_candidates_ranked_best(measuring, host_model,
