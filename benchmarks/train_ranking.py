@@ -101,7 +101,7 @@ def main(argv=None) -> None:
                   f"worst {max(lost):.3f}, kernels above 1.05: "
                   f"{sum(v > 1.05 for v in lost)} of {len(lost)}")
     if args.out:
-        ranking.write_model(args.out, booster, host["mcpu"], host["vector_bits"],
+        ranking.write_model(args.out, booster, host["mcpu"], host["vector_bits"], host["cores"],
                             ["/".join(Path(p).resolve().parts[-2:]) for p in args.train],
                             len(train))
         print(f"wrote {args.out}")

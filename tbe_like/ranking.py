@@ -15,8 +15,9 @@ maps, kernel, strides, padding, flops and operand sizes), the candidate (its for
 one core or all) and the host's vector width and cores.
 
 A model is trained on one host class and shipped for it (``tbe_like/records/ranking_<mcpu>.json``,
-with the features it was trained on); on a host of another class (LLVM ``mcpu``) no model is
-found and every candidate is timed, as before. ``TBE_LIKE_RANK=0`` times every candidate too.
+with the features, vector width and core count it was trained on); on a host of another class
+(LLVM ``mcpu``, vector width or cores) no model applies and every candidate is timed, as
+before. ``TBE_LIKE_RANK=0`` times every candidate too.
 """
 
 from __future__ import annotations
@@ -142,9 +143,10 @@ def model_path(mcpu: str) -> Path:
 
 
 @cache
-def _load(path: str, vector_bits: int) -> Any:
+def _load(path: str, vector_bits: int, cores: int) -> Any:
     """The booster of a shipped model file, None where there is none, or one of another
-    format or feature set, or trained on hosts of other vector widths, or one that cannot be
+    format or feature set, or trained on hosts of other vector widths or core counts (one-core
+    candidates against all cores rank differently with more cores), or one that cannot be
     read (with a warning)."""
     p = Path(path)
     if not p.is_file():
@@ -154,7 +156,8 @@ def _load(path: str, vector_bits: int) -> Any:
     try:
         saved = json.loads(p.read_text(encoding="utf-8"))
         if (saved.get("format") != FORMAT or tuple(saved.get("features", ())) != FEATURES
-                or vector_bits not in saved.get("vector_bits", ())):
+                or vector_bits not in saved.get("vector_bits", ())
+                or cores not in saved.get("cores", ())):
             return None
         booster = xgboost.Booster()
         booster.load_model(bytearray(json.dumps(saved["model"]).encode()))
@@ -176,28 +179,28 @@ def rank(layer: dict | None, names: list[str], target) -> list[int] | None:
 
     if layer is None or not enabled() or str(target.kind.name) != "llvm":
         return None
-    bits = vector_lanes(target) * 32
-    booster = _load(str(model_path(str(target.attrs.get("mcpu", "")))), bits)
+    bits, cores = vector_lanes(target) * 32, num_threads(target)
+    booster = _load(str(model_path(str(target.attrs.get("mcpu", "")))), bits, cores)
     if booster is None:
         return None
     import numpy as np
     import xgboost
 
-    rows = np.array([features(layer, n, bits, num_threads(target)) for n in names],
-                    dtype=np.float32)
+    rows = np.array([features(layer, n, bits, cores) for n in names], dtype=np.float32)
     # The model scores a candidate higher the faster it is (``rank:pairwise``).
     scores = booster.predict(xgboost.DMatrix(rows, feature_names=list(FEATURES)))
     return sorted(range(len(names)), key=lambda i: (-float(scores[i]), i))
 
 
 def write_model(path: str | os.PathLike, booster: Any, mcpu: str, vector_bits: int,
-                trained_on: list[str], kernels: int) -> None:
+                cores: int, trained_on: list[str], kernels: int) -> None:
     """Write ``booster`` (trained on :data:`FEATURES`) as the model of hosts of LLVM ``mcpu``
-    with ``vector_bits``-wide vectors, saying what it was trained on."""
+    with ``vector_bits``-wide vectors and ``cores`` cores, saying what it was trained on."""
     raw = booster.save_raw("json")
     Path(path).write_text(json.dumps({
         "format": FORMAT, "features": list(FEATURES), "mcpu": mcpu,
-        "vector_bits": [vector_bits], "trained_on": trained_on, "kernels": kernels,
+        "vector_bits": [vector_bits], "cores": [cores], "trained_on": trained_on,
+        "kernels": kernels,
         "model": json.loads(bytes(raw))}, separators=(",", ":")), encoding="utf-8")
     _load.cache_clear()
 

@@ -9,6 +9,7 @@ from dataclasses import asdict
 import numpy as np
 import pytest
 import xgboost
+from tbe_like.schedules.common import num_threads
 
 from tbe_like import ranking
 from tbe_like.ops import kernels
@@ -81,7 +82,7 @@ def test_keep_takes_the_best_in_their_original_order():
     assert ranking.keep([1, 0], 2, top_k=3) == [0, 1]
 
 
-def _fake_model(path, mcpu: str, bits: int, favour: str = "lanes") -> None:
+def _fake_model(path, mcpu: str, bits: int, cores: int, favour: str = "lanes") -> None:
     """A model that scores a candidate by its ``favour`` feature alone (a 16-lane tile over
     an 8-lane one), trained here on made-up kernels."""
     rng = np.random.default_rng(0)
@@ -91,7 +92,7 @@ def _fake_model(path, mcpu: str, bits: int, favour: str = "lanes") -> None:
     data = xgboost.DMatrix(x, label=x[:, column], feature_names=list(ranking.FEATURES))
     data.set_group([8] * 8)
     booster = xgboost.train({"objective": "rank:pairwise", "seed": 0}, data, 20)
-    ranking.write_model(path, booster, mcpu, bits, ["made up"], 8)
+    ranking.write_model(path, booster, mcpu, bits, cores, ["made up"], 8)
 
 
 @pytest.fixture
@@ -101,7 +102,7 @@ def host_model(tmp_path, monkeypatch):
     monkeypatch.setattr(ranking, "MODELS_DIR", tmp_path / "models")
     (tmp_path / "models").mkdir()
     _fake_model(ranking.model_path(str(target.attrs["mcpu"])), str(target.attrs["mcpu"]),
-                vector_lanes(target) * 32)
+                vector_lanes(target) * 32, num_threads(target))
     yield target
     ranking._load.cache_clear()
 
@@ -120,10 +121,13 @@ def test_a_model_ranks_only_for_its_host_class(host_model, monkeypatch):
 
     other = Target({**json.loads(str(target)), "mcpu": "a-cpu-no-model-was-trained-on"})
     assert ranking.rank(layer, names, other) is None
-    # A model file of another vector width, or of other features, is not read.
+    # A model file of another vector width, core count or feature list is not read.
     path = ranking.model_path(str(target.attrs["mcpu"]))
     saved = json.loads(path.read_text())
     path.write_text(json.dumps(dict(saved, vector_bits=[vector_lanes(target) * 16])))
+    ranking._load.cache_clear()
+    assert ranking.rank(layer, names, target) is None
+    path.write_text(json.dumps(dict(saved, cores=[num_threads(target) + 2])))
     ranking._load.cache_clear()
     assert ranking.rank(layer, names, target) is None
     path.write_text(json.dumps(dict(saved, features=["x"])))
@@ -178,7 +182,7 @@ def test_the_shipped_models_read_and_rank():
         assert saved["format"] == ranking.FORMAT and tuple(saved["features"]) == ranking.FEATURES
         assert path.name == f"ranking_{saved['mcpu']}.json"
         features = "+avx512f,+avx512bw,+avx512vl" if 512 in saved["vector_bits"] else "+avx2"
-        target = Target({"kind": "llvm", "mcpu": saved["mcpu"], "num-cores": 2,
+        target = Target({"kind": "llvm", "mcpu": saved["mcpu"], "num-cores": saved["cores"][0],
                          "mattr": features.split(",")})
         names = ["Heuristic(lanes=8)", "Heuristic(lanes=16)", "col: Heuristic(lanes=8)"]
         order = ranking.rank(_para(_conv(), "grad_weight"), names, target)
