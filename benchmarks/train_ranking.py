@@ -8,7 +8,7 @@ the fastest call of every candidate it timed); rows of the validation half's net
 refused. ``--evaluate``: runs of the validation half, never trained on: for each kernel, the
 candidates the model keeps (``ranking.TOP_K``) against all it timed, as the time of the best
 kept over the best of all (1.0: the same pick). The model is written only with ``--out``, for
-the host class of the runs (their LLVM ``mcpu`` and vector width, which must agree).
+the host class of the runs (their LLVM ``mcpu``, vector width and cores, which must agree).
 """
 
 from __future__ import annotations
@@ -62,12 +62,10 @@ def regret(booster, rows: list[dict], host: dict, top_k: int) -> list[float]:
     """Per kernel: the best time among the ``top_k`` the model keeps over the best of all."""
     out = []
     for r in rows:
-        names = list(r["selection"]["times_ms"])
-        x = np.array([ranking.features(r, n, host["vector_bits"], host["cores"])
-                      for n in names], dtype=np.float32)
-        scores = booster.predict(xgboost.DMatrix(x, feature_names=list(ranking.FEATURES)))
-        order = sorted(range(len(names)), key=lambda i: (-float(scores[i]), i))
         times = r["selection"]["times_ms"]
+        names = list(times)
+        order = ranking.order(booster, [ranking.features(r, n, host["vector_bits"],
+                                                         host["cores"]) for n in names])
         kept = ranking.keep(order, len(names), top_k)
         out.append(min(times[names[i]] for i in kept) / min(times.values()))
     return out

@@ -88,6 +88,17 @@ class Shape:
         return (2 * self.n * self.cout * math.prod(self.out_spatial()) * self.cin // self.groups
                 * math.prod(self.kernel))
 
+    def conv3d(self):
+        """The ``kernels.Conv3d`` the operators compute: a 1D or 2D layer as the 3D one of size
+        1 along the leading axes."""
+        from tbe_like.ops import kernels
+
+        lead = (1,) * (3 - len(self.spatial))
+        pads = (0, 0) * len(lead) + tuple(p for p in self.pads for _ in range(2))
+        return kernels.Conv3d(self.n, self.cin, self.cout, lead + tuple(self.spatial),
+                              lead + self.out_spatial(), lead + tuple(self.kernel),
+                              lead + self.strides, pads, lead + self.dilations, self.groups)
+
 
 def network_shapes(names) -> list[Shape]:
     """The layers of shipped networks (``tbe_like.networks``): names of networks, or ``dev`` /
@@ -584,13 +595,7 @@ def width_rows(shapes, repeat: int, budget: float) -> list[dict]:
 
     target, out = host_target(), []
     for s in shapes:
-        nd = len(s.spatial)
-        pad3 = (0, 0) * (3 - nd) + tuple(p for p in s.pads for _ in range(2))
-        spatial = (1,) * (3 - nd) + tuple(s.spatial)
-        conv = kernels.Conv3d(s.n, s.cin, s.cout, spatial, (1,) * (3 - nd) + s.out_spatial(),
-                              (1,) * (3 - nd) + tuple(s.kernel), (1,) * (3 - nd) +
-                              s.strides, pad3, (1,) * (3 - nd) + s.dilations,
-                              s.groups)
+        conv = s.conv3d()
         for grad in ("weight", "input"):
             graph = graph_of("grad_" + grad, conv, kernels.Precision(s.dtype, s.dtype))
             rng = np.random.default_rng(0)

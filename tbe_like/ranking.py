@@ -22,6 +22,7 @@ before. ``TBE_LIKE_RANK=0`` times every candidate too.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -30,6 +31,8 @@ import warnings
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+from .ops.kernels import ONE_CORE_SUFFIX, Conv3d
 
 # How many of a kernel's candidates are compiled and timed where a model ranks them.
 TOP_K = 5
@@ -44,8 +47,6 @@ FORMAT = 1
 # kernel's own form.
 FORMS = ("", "col", "rows", "outer", "dot", "direct", "temporal")
 _KNOBS = ("split_k", "whole", "gemm", "rows")
-# The suffix of a candidate built for one core (``kernels.ONE_CORE_SUFFIX``).
-_ONE_CORE = ", one core"
 
 LAYER_FEATURES = (
     "input_gradient", "log_batch", "log_cin", "log_cout", "log_groups", "log_cin_group",
@@ -64,40 +65,39 @@ def _log(v: float) -> float:
     return math.log2(max(float(v), 1.0))
 
 
+def _layer(layer: dict) -> tuple[Conv3d, bool, int]:
+    """(the convolution, whether its input gradient, the operands' bytes per element) of a
+    kernel's ``para_dict`` or a benchmark row (``bench.Shape.conv3d``: a 1D or 2D row as the
+    3D layer the operators compute)."""
+    if "config" in layer:
+        from .bench import Shape
+
+        config = layer["config"]
+        shape = Shape(**{k: tuple(v) if isinstance(v, list) else v for k, v in config.items()})
+        conv, grad_input, dtype = shape.conv3d(), layer["gradient"] == "input", shape.dtype
+    else:
+        conv = Conv3d(**{f.name: layer[f.name] for f in dataclasses.fields(Conv3d)})
+        grad_input, dtype = layer["gradient"] == "grad_input", layer.get("dtype")
+    return conv, grad_input, 2 if dtype in ("float16", "bfloat16") else 4
+
+
 def layer_features(layer: dict) -> list[float]:
     """The numbers that describe a layer: ``layer`` is a kernel's ``para_dict`` as the
     framework operators build it (``gradient``: grad_input or grad_weight, and the fields of
     ``kernels.Conv3d``), or a benchmark row's (``gradient``: input or weight, and
     ``config``)."""
-    if "config" in layer:  # a benchmark row
-        c = layer["config"]
-        grad_input = layer["gradient"] == "input"
-        batch, cin, cout, groups = c["n"], c["cin"], c["cout"], c["groups"]
-        kernel, strides, dilation = c["kernel"], c["stride"], c["dilation"]
-        in_sp = c["spatial"]
-        pads = [2 * p for p in c["pad"]]
-        out_sp = [(i + p - dl * (k - 1) - 1) // s + 1 for i, p, dl, k, s
-                  in zip(in_sp, pads, dilation, kernel, strides, strict=True)]
-        itemsize = 2 if c.get("dtype") in ("float16", "bfloat16") else 4
-    else:
-        grad_input = layer["gradient"] == "grad_input"
-        batch, cin, cout, groups = layer["batch"], layer["cin"], layer["cout"], layer["groups"]
-        kernel, strides, dilation = layer["kernel"], layer["strides"], layer["dilations"]
-        in_sp, out_sp = layer["in_spatial"], layer["out_spatial"]
-        p = layer["pads"]
-        pads = [p[0] + p[1], p[2] + p[3], p[4] + p[5]]
-        itemsize = 2 if layer.get("dtype") in ("float16", "bfloat16") else 4
-    taps = math.prod(kernel)
-    flops = 2 * batch * cout * math.prod(out_sp) * (cin // groups) * taps
+    conv, grad_input, itemsize = _layer(layer)
+    p = conv.pads
     return [
-        float(grad_input), _log(batch), _log(cin), _log(cout), _log(groups),
-        _log(cin // groups), _log(cout // groups), *map(_log, in_sp), *map(_log, out_sp),
-        *map(float, kernel), *map(float, strides), *map(float, pads),
-        float(max(dilation) > 1), _log(flops),
-        _log(batch * cin * math.prod(in_sp) * itemsize),
-        _log(batch * cout * math.prod(out_sp) * itemsize),
-        _log(cout * (cin // groups) * taps * itemsize),
-        float(taps == 1), float(cin // groups == 1)]
+        float(grad_input), _log(conv.batch), _log(conv.cin), _log(conv.cout),
+        _log(conv.groups), _log(conv.cin // conv.groups), _log(conv.cout // conv.groups),
+        *map(_log, conv.in_spatial), *map(_log, conv.out_spatial),
+        *map(float, conv.kernel), *map(float, conv.strides),
+        float(p[0] + p[1]), float(p[2] + p[3]), float(p[4] + p[5]),
+        float(max(conv.dilations) > 1), _log(conv.flops()),
+        *(_log(math.prod(shape) * itemsize) for shape in (conv.x_shape, conv.y_shape,
+                                                             conv.w_shape)),
+        float(math.prod(conv.kernel) == 1), float(conv.cin // conv.groups == 1)]
 
 
 _HEURISTIC = re.compile(r"Heuristic\((.*)\)")
@@ -108,9 +108,9 @@ def candidate_features(name: str) -> list[float]:
     (``"col: Heuristic(lanes=8)"``, ``"rule, one core"``, ``"Heuristic(lanes=16,
     split_k=False, whole=True)"``: ``tune._options``)."""
     form, _, knobs = name.rpartition(": ")
-    one_core = knobs.endswith(_ONE_CORE)
+    one_core = knobs.endswith(ONE_CORE_SUFFIX)
     if one_core:
-        knobs = knobs[:-len(_ONE_CORE)]
+        knobs = knobs.removesuffix(ONE_CORE_SUFFIX)
     fields: dict[str, str] = {}
     found = _HEURISTIC.fullmatch(knobs)
     if found and found.group(1):
@@ -183,13 +183,19 @@ def rank(layer: dict | None, names: list[str], target) -> list[int] | None:
     booster = _load(str(model_path(str(target.attrs.get("mcpu", "")))), bits, cores)
     if booster is None:
         return None
+    return order(booster, [features(layer, n, bits, cores) for n in names])
+
+
+def order(booster: Any, rows: list[list[float]]) -> list[int]:
+    """The indexes of ``rows`` (:data:`FEATURES` of a kernel's candidates) fastest first as
+    ``booster`` predicts: it scores a candidate higher the faster it is (``rank:pairwise``);
+    ties in their given order."""
     import numpy as np
     import xgboost
 
-    rows = np.array([features(layer, n, bits, cores) for n in names], dtype=np.float32)
-    # The model scores a candidate higher the faster it is (``rank:pairwise``).
-    scores = booster.predict(xgboost.DMatrix(rows, feature_names=list(FEATURES)))
-    return sorted(range(len(names)), key=lambda i: (-float(scores[i]), i))
+    matrix = xgboost.DMatrix(np.array(rows, dtype=np.float32), feature_names=list(FEATURES))
+    scores = booster.predict(matrix)
+    return sorted(range(len(rows)), key=lambda i: (-float(scores[i]), i))
 
 
 def write_model(path: str | os.PathLike, booster: Any, mcpu: str, vector_bits: int,

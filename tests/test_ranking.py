@@ -35,7 +35,7 @@ def _para(conv: kernels.Conv3d, kind: str) -> dict:
 def _row(conv: kernels.Conv3d, gradient: str) -> dict:
     """A benchmark row of the same layer (``tbe-like bench`` JSON)."""
     return {"gradient": gradient, "config": {
-        "n": conv.batch, "cin": conv.cin, "cout": conv.cout, "spatial": list(conv.in_spatial),
+        "name": "layer", "n": conv.batch, "cin": conv.cin, "cout": conv.cout, "spatial": list(conv.in_spatial),
         "kernel": list(conv.kernel), "stride": list(conv.strides),
         "pad": [conv.pads[0], conv.pads[2], conv.pads[4]], "dilation": list(conv.dilations),
         "groups": conv.groups, "dtype": "float32"}}
@@ -188,3 +188,14 @@ def test_the_shipped_models_read_and_rank():
         order = ranking.rank(_para(_conv(), "grad_weight"), names, target)
         assert order is not None and sorted(order) == [0, 1, 2]
         assert not any(n in saved["trained_on"] for n in ("validation", "validation.json"))
+
+
+def test_a_benchmark_row_of_fewer_dimensions_is_its_3d_layer():
+    """A 2D suite row (stride, pad and dilation given once for every axis) is described as the
+    3D layer of one frame the operators compute, as a build's ``para_dict`` describes it."""
+    row = {"gradient": "weight", "config": {
+        "name": "2d", "n": 2, "cin": 16, "spatial": [9, 9], "cout": 32, "kernel": [3, 3],
+        "stride": 2, "pad": 1, "dilation": 1, "groups": 1, "dtype": "float32"}}
+    conv = kernels.Conv3d(2, 16, 32, (1, 9, 9), (1, 5, 5), (1, 3, 3), (1, 2, 2),
+                          (0, 0, 1, 1, 1, 1), (1, 1, 1), 1)
+    assert ranking.layer_features(row) == ranking.layer_features(_para(conv, "grad_weight"))
