@@ -35,7 +35,8 @@ def _para(conv: kernels.Conv3d, kind: str) -> dict:
 def _row(conv: kernels.Conv3d, gradient: str) -> dict:
     """A benchmark row of the same layer (``tbe-like bench`` JSON)."""
     return {"gradient": gradient, "config": {
-        "name": "layer", "n": conv.batch, "cin": conv.cin, "cout": conv.cout, "spatial": list(conv.in_spatial),
+        "name": "layer", "n": conv.batch, "cin": conv.cin, "cout": conv.cout,
+        "spatial": list(conv.in_spatial),
         "kernel": list(conv.kernel), "stride": list(conv.strides),
         "pad": [conv.pads[0], conv.pads[2], conv.pads[4]], "dilation": list(conv.dilations),
         "groups": conv.groups, "dtype": "float32"}}
