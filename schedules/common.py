@@ -25,7 +25,10 @@ class Heuristic:
     register tile a GEMM micro-kernel's, blocked over positions and channel blocks to the
     fewest loads per multiply-add (``None``: the widest row of positions); ``rows`` makes a
     pointwise input gradient compute its result one output row at a time, reading dy where it
-    lies and writing the row out while it is in cache (``None``: stage by stage).
+    lies and writing the row out while it is in cache (``None``: stage by stage); ``stream``
+    makes an input gradient of one reduction flip its filter a chunk of output channels at a
+    time inside that reduction, which then reads the user's filter once and writes no copy of
+    it (``None``: the flipped filter materialized first).
 
     A rule called without knobs uses ``Heuristic(<the target's lanes>)``. The rules'
     ``candidates`` are the few heuristics that measured selection (``tbe_like.tune``) times on
@@ -39,6 +42,7 @@ class Heuristic:
     whole: bool | None = None
     gemm: bool | None = None
     rows: bool | None = None
+    stream: bool | None = None
 
     def __str__(self) -> str:  # the fields that are set: how selections name their choice
         fields = ", ".join(f"{k}={v}" for k, v in vars(self).items() if v is not None)

@@ -103,18 +103,32 @@ def layer_features(layer: dict) -> list[float]:
 _HEURISTIC = re.compile(r"Heuristic\((.*)\)")
 
 
+def _parts(name: str) -> tuple[str, str, dict[str, str]]:
+    """(form, knobs without the one-core suffix, the knobs' fields) of a candidate's name."""
+    form, _, knobs = name.rpartition(": ")
+    knobs = knobs.removesuffix(ONE_CORE_SUFFIX)
+    found = _HEURISTIC.fullmatch(knobs)
+    fields = (dict(part.split("=", 1) for part in found.group(1).split(", "))
+              if found and found.group(1) else {})
+    return form, knobs, fields
+
+
+def describes(name: str) -> bool:
+    """Whether :func:`candidate_features` describes candidate ``name`` whole: its form is one
+    of :data:`FORMS` and its knobs are among the features. A candidate of a form or knob
+    added since the model was trained is not (the model would see it as another), and
+    measured selection times it whatever the ranking (``tune.measured_schedule``)."""
+    form, knobs, fields = _parts(name)
+    return (form in FORMS and (knobs == "rule" or _HEURISTIC.fullmatch(knobs) is not None)
+            and set(fields) <= {"lanes", "accumulators", *_KNOBS})
+
+
 def candidate_features(name: str) -> list[float]:
     """The numbers that describe a candidate, from the name measured selection gives it
     (``"col: Heuristic(lanes=8)"``, ``"rule, one core"``, ``"Heuristic(lanes=16,
     split_k=False, whole=True)"``: ``tune._options``)."""
-    form, _, knobs = name.rpartition(": ")
-    one_core = knobs.endswith(ONE_CORE_SUFFIX)
-    if one_core:
-        knobs = knobs.removesuffix(ONE_CORE_SUFFIX)
-    fields: dict[str, str] = {}
-    found = _HEURISTIC.fullmatch(knobs)
-    if found and found.group(1):
-        fields = dict(part.split("=", 1) for part in found.group(1).split(", "))
+    one_core = name.endswith(ONE_CORE_SUFFIX)
+    form, knobs, fields = _parts(name)
 
     def flag(key: str) -> float:  # unset -1, False 0, True 1
         return {"True": 1.0, "False": 0.0}.get(fields.get(key, ""), -1.0)

@@ -698,7 +698,7 @@ def measured_schedule(func, schedule_with: Callable[[Any, Any], Any], candidates
     ``layer``: the layer the kernel computes (a framework operator's ``para_dict``), for the
     cost model of this host class, if there is one, to rank the candidates: only the best
     ``ranking.TOP_K`` are compiled and timed (``ranking.rank``; a shipped record's schedule
-    always is).
+    always is, and so is a candidate the model does not describe, ``ranking.describes``).
     Returns the fastest schedule and what was done (``None`` when the candidates give one
     schedule: nothing to time, nothing stored); the candidates are compiled as functions
     named ``symbol``, and the selection keeps the winner's executable.
@@ -713,7 +713,8 @@ def measured_schedule(func, schedule_with: Callable[[Any, Any], Any], candidates
         return options[0][1], None
     names = [name for name, _, _ in options]
     kept = set(ranking.keep(ranking.rank(layer, names, target), len(options)))
-    kept |= {i for i, name in enumerate(names) if name.endswith(SHIPPED)}
+    kept |= {i for i, name in enumerate(names)
+             if name.endswith(SHIPPED) or not ranking.describes(name)}
     ranked_out = tuple(name for i, name in enumerate(names) if i not in kept)
     options = [option for i, option in enumerate(options) if i in kept]
     runners, executables = _runners([sch.mod["main"] for _, sch, _ in options], target, symbol,

@@ -20,6 +20,8 @@ multiples of 16, groups, depthwise, strides 1-3, dilation). Every build goes thr
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from conftest import NP_DTYPES, RTOL, conv3d, round_hf32, stage_names, tiered
@@ -463,6 +465,93 @@ def test_a_one_frame_temporal_layer_is_pointwise():
     assert graph.params.geometry.kernel == (1, 1, 1)
     arrays = _inputs(graph)
     _check(_run(graph, Heuristic(16, rows=True), arrays), _expected("grad_input", conv, arrays))
+
+
+# Input gradients in the streamed form (``kernels.grad_input(streamed=True)``): D padding of 2
+# rows and of none, input channels that are not multiples of 16 (3 blocks, fewer than the
+# GEMM tile's), a batch of 2, odd W, a kernel without D taps, D dilation, one frame (its live
+# taps a (1, 3, 3) kernel).
+STREAMED = {
+    "k555-pad2-4x4x4-cin48": conv3d(1, 48, (4, 4, 4), 32, (5, 5, 5), pad=2),
+    "k333-n2-cin40-w5": conv3d(2, 40, (2, 4, 5), 24, (3, 3, 3)),
+    "k133-cin32-7x7": conv3d(1, 32, (1, 7, 7), 16, (1, 3, 3), pad=(0, 1, 1)),
+    "k311-dil2-cin32": conv3d(1, 32, (6, 3, 3), 16, (3, 1, 1), pad=(2, 0, 0), dil=(2, 1, 1)),
+    "k333-one-frame": conv3d(1, 32, (1, 4, 4), 32, (3, 3, 3)),
+}
+
+
+def _flip_buffer(mod) -> tuple[int, ...]:
+    """The shape the flipped filter is allocated with once TVM places and compacts it."""
+    lowered = mod
+    for step in ("LowerInitBlock", "PlanAndUpdateBufferAllocationLocation",
+                 "ConvertBlocksToOpaque", "CompactBufferAllocation"):
+        lowered = getattr(s_tir.transform, step)()(lowered)
+    shapes = []
+    structural_walk(lowered["main"].body, [(s_tir.SBlock, lambda b: shapes.extend(
+        tuple(int(d) for d in buf.shape) for buf in b.alloc_buffers
+        if buf.name == stages.DX_FILTER_FLIP))])
+    (shape,) = shapes
+    return shape
+
+
+@pytest.mark.parametrize("shape", STREAMED)
+def test_a_streamed_input_gradient_flips_its_filter_in_chunks(shape):
+    """The streamed form with every candidate (both widths, the GEMM tile): one reduction over
+    every D row, the filter flipped inside it a chunk of output channels at a time (the
+    flipped copy TVM allocates is one chunk's, never the whole filter), the taps in dy's D
+    padding skipped, every access in bounds, results equal NumPy's; bfloat16 too."""
+    conv = STREAMED[shape]
+    graph = kernels.grad_input(conv, F32, streamed=True)
+    assert graph.streamed
+    assert [n for n in stage_names(graph.output) if n.startswith(stages.DX_MAD)] == [
+        stages.DX_MAD]
+    streamed = kernels.alternative_candidates(graph, TARGET)
+    assert streamed == dx_rule.streamed_candidates(TARGET)
+    assert sorted((k.lanes, bool(k.gemm)) for k in streamed) == sorted(
+        [*((lanes, False) for lanes in HEURISTIC_LANES), (16, True)])
+    arrays = _inputs(graph)
+    want = _expected("grad_input", conv, arrays)
+    geo = graph.params.geometry
+    whole = math.prod(geo.kernel) * geo.group.cout_g * geo.group.cin1_g * geo.c0
+    for knobs in streamed:
+        sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})),
+                               graph, TARGET, knobs)
+        flip = _flip_buffer(sch.mod)
+        assert math.prod(flip) < whole, (flip, knobs)  # a chunk, a task's channels
+        if any(geo.pads[:2]):
+            skips = []
+            structural_walk(lowering.skip_padding(sch.mod)["main"].body, [
+                (tirx.IfThenElse, skips.append)])
+            assert skips, "the taps reading D padding are not skipped"
+        _check(_run(graph, knobs, arrays), want)
+    prec = PRECISIONS["bfloat16"]
+    low = kernels.grad_input(conv, kernels.Precision.on(TARGET, prec.dtype, prec.compute),
+                             streamed=True)
+    arrays = _inputs(low)
+    _check(_run(low, streamed[-1], arrays),
+           _expected("grad_input", conv, [_round(a, prec) for a in arrays]), _tolerance(prec))
+
+
+def test_the_streamed_form_races_on_late_stages_and_small_maps():
+    """``streamed_applies``: V-Net's 128 -> 128 5x5x5 layer on 4x4x4 and 3D U-Net's 768 -> 256
+    on 2x4x4 (filters of 8 and 21 MB); not a large map, a strided or grouped layer, a small
+    filter, or one block of input channels. The packed form's candidates stay as they were
+    (the stream knob is the streamed form's alone)."""
+    assert kernels.streamed_applies(conv3d(1, 128, (4, 4, 4), 128, (5, 5, 5), pad=2))
+    assert kernels.streamed_applies(conv3d(1, 768, (2, 4, 4), 256, (3, 3, 3)))
+    assert not kernels.streamed_applies(conv3d(1, 64, (8, 28, 28), 64, (3, 3, 3)))
+    assert not kernels.streamed_applies(conv3d(1, 256, (4, 8, 8), 256, (3, 3, 3), stride=2))
+    assert not kernels.streamed_applies(conv3d(1, 256, (2, 4, 4), 256, (3, 3, 3), groups=2))
+    assert not kernels.streamed_applies(conv3d(1, 32, (2, 4, 4), 32, (3, 3, 3)))  # 110 KB
+    assert not kernels.streamed_applies(conv3d(1, 8, (2, 4, 4), 4096, (3, 3, 3)))
+    assert not any(getattr(k, "stream", None) for k in candidates(kernels.INPUT_OP, TARGET))
+    # The packed form's schedule ignores the knob (several reductions: nothing to stream).
+    conv = STREAMED["k555-pad2-4x4x4-cin48"]
+    graph = kernels.grad_input(conv, F32)
+    assert len([n for n in stage_names(graph.output) if n.startswith(stages.DX_MAD)]) > 1
+    arrays = _inputs(graph)
+    _check(_run(graph, Heuristic(16, stream=True), arrays),
+           _expected("grad_input", conv, arrays))
 
 
 def test_the_rows_tiles_fit_and_divide():

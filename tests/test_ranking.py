@@ -171,6 +171,44 @@ def test_a_selection_times_only_the_candidates_ranked_best(measuring, host_model
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
+def test_a_candidate_the_model_does_not_describe_is_always_timed(measuring, host_model,
+                                                                  monkeypatch):
+    """A candidate of a form or knob the features do not have (the streamed form, added after
+    the shipped model was trained) is not described (``ranking.describes``), and a selection
+    times it whatever the model ranks: here a late stage's input gradient with ``TOP_K`` 1
+    times its streamed candidates and the one the model ranks first, and computes NumPy's
+    gradient."""
+    from tbe_like import ops
+
+    assert ranking.describes("col: Heuristic(lanes=8)")
+    assert ranking.describes("rule, one core")
+    assert ranking.describes("temporal: Heuristic(lanes=16, gemm=True, rows=True), one core")
+    assert not ranking.describes("streamed: Heuristic(lanes=16, stream=True)")
+    assert not ranking.describes("Heuristic(lanes=16, stream=True)")
+    assert not ranking.describes("a form from the future: rule")
+    monkeypatch.setenv(ranking.RANK_ENV, "1")
+    monkeypatch.setattr(ranking, "TOP_K", 1)
+    conv = kernels.Conv3d(1, 64, 64, (2, 4, 4), (2, 4, 4), (3, 3, 3), (1, 1, 1), (1,) * 6,
+                          (1, 1, 1), 1)
+    assert kernels.streamed_applies(conv)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(conv.x_shape).astype(np.float32)
+    w = rng.standard_normal(conv.w_shape).astype(np.float32)
+    dy = rng.standard_normal(conv.y_shape).astype(np.float32)
+    geometry = dict(stride=[1] * 3, padding=[1] * 3, dilation=[1] * 3, transposed=False,
+                    output_padding=[0] * 3, groups=1, output_mask=(True, False, False))
+    ex = ops.prepare_convolution_backward(dy, x, w, bias_sizes=None, **geometry)
+    selection = ex.kernels["grad_input"].metadata["para_dict"]["selection"]
+    timed = list(selection["times_ms"])
+    streamed = [n for n in timed if n.startswith("streamed: ")]
+    assert streamed and all(not ranking.describes(n) for n in streamed), timed
+    assert len([n for n in timed if ranking.describes(n)]) == 1, timed
+    assert selection["ranked_out"], selection
+    want = ref.convolution_backward(dy.astype(np.float64), x.astype(np.float64),
+                                    w.astype(np.float64), **geometry)[0]
+    np.testing.assert_allclose(ex(dy, x, w)[0], want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
 def test_the_shipped_models_read_and_rank():
     """Every model shipped with the package reads (its format and features are this code's)
     and ranks a kernel's candidates on a host of its class."""

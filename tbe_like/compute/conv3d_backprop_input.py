@@ -318,14 +318,17 @@ class Phase:
         return lane // (lh * lw), lane // lw % lh, lane % lw
 
 
-def _plan(per_axis: list[list[AxisPhase]], dy_depth: int) -> list[Phase]:
+def _plan(per_axis: list[list[AxisPhase]], dy_depth: int, split_d: bool = True
+          ) -> list[Phase]:
     """Every combination of the axes' phases, the D phases split into border runs
-    (``AxisPhase.segments``); named ``dx_mad``, ``dx_mad_<rd>_<rh>_<rw>`` when there are several
-    phases, with ``_d<run>`` appended when the D rows are split."""
+    (``AxisPhase.segments``; not with ``split_d`` False: each phase one reduction over all its
+    D rows, which reads dy's D padding as it does H's); named ``dx_mad``,
+    ``dx_mad_<rd>_<rh>_<rw>`` when there are several phases, with ``_d<run>`` appended when
+    the D rows are split."""
     several = math.prod(len(axes) for axes in per_axis) > 1
     plan = []
     for d_axis, h_axis, w_axis in itertools.product(*per_axis):
-        runs = d_axis.segments(dy_depth)
+        runs = d_axis.segments(dy_depth) if split_d else [d_axis]
         name = (f"{stages.DX_MAD}_{d_axis.r}_{h_axis.r}_{w_axis.r}" if several
                 else stages.DX_MAD)
         for i, run in enumerate(runs):
@@ -334,13 +337,14 @@ def _plan(per_axis: list[list[AxisPhase]], dy_depth: int) -> list[Phase]:
     return plan
 
 
-def phases(p: BackpropInputParams) -> list[Phase]:
-    """The reduction stages of the stride-phase form, named as the schedules find them."""
+def phases(p: BackpropInputParams, split_d: bool = True) -> list[Phase]:
+    """The reduction stages of the stride-phase form, named as the schedules find them
+    (``split_d``: see :func:`_plan`)."""
     geo = p.geometry
     per_axis = [axis_groups(*args, dy_size=dy) or axis_phases(*args)
                 for *args, dy in zip(geo.in_spatial, geo.kernel, geo.strides, geo.dilations,
                                      geo.pads_before, geo.out_spatial, strict=True)]
-    return _plan(per_axis, geo.out_spatial[0])
+    return _plan(per_axis, geo.out_spatial[0], split_d)
 
 
 def _pad_phases(dy: te.Tensor, p: BackpropInputParams, plan: list[Phase]
@@ -481,8 +485,8 @@ def _interleave(parts: list[tuple[Phase, object]], strides: tuple[int, int, int]
 
 def conv3d_backprop_input(w: te.Tensor, dy: te.Tensor, p: BackpropInputParams,
                           bias: te.Tensor | None = None, attrs: dict | None = None,
-                          stride_phases: bool = True, winograd: bool | int = False
-                          ) -> te.Tensor:
+                          stride_phases: bool = True, winograd: bool | int = False,
+                          split_d: bool = True) -> te.Tensor:
     """dX as ``(N, D, Cin1, H*W, C0)`` in ``p.res_dtype``, accumulated in float32.
 
     Parameters
@@ -512,7 +516,8 @@ def conv3d_backprop_input(w: te.Tensor, dy: te.Tensor, p: BackpropInputParams,
         dy_pad = _pad_dilated(_dilate(dy, p), p)
         mad = _mad_dense(dy_pad, _flip(w, p), p)
         return _result(lambda *i: mad(*i), bias, p, attrs)
-    return _phase_correlation(w, dy, p, phases(p), p.geometry.strides, bias, attrs, winograd)
+    return _phase_correlation(w, dy, p, phases(p, split_d), p.geometry.strides, bias, attrs,
+                              winograd)
 
 
 def _phase_correlation(w, dy, p, plan, strides, bias, attrs, winograd=False) -> te.Tensor:

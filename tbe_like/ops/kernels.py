@@ -163,6 +163,9 @@ class Graph:
     # A form that measured selection schedules row by row only (``Heuristic(rows=True)``): the
     # temporal input gradient's dense form (:func:`temporal_rows_applies`).
     rows_only: bool = False
+    # The input gradient's streamed form, which measured selection schedules streamed only
+    # (``Heuristic(stream=True)``): :func:`grad_input` with ``streamed``.
+    streamed: bool = False
 
     def shapes(self) -> list[tuple[int, ...]]:
         """The shapes of the kernel's arguments: the inputs, then the output."""
@@ -209,12 +212,16 @@ def uses_winograd(graph: Graph) -> bool:
 
 
 def grad_input(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "grad_input"),
-               winograd: bool | int = False, dense: bool = False) -> Graph:
+               winograd: bool | int = False, dense: bool = False, streamed: bool = False
+               ) -> Graph:
     """dX of ``conv``: ``(dy (N, cout, ...), W (cout, cin/g, k...)) -> (N, cin, ...)``.
 
     ``dense``: one reduction over dy padded whole (``stride_phases=False`` of the compute; its
     D border rows are not reductions of their own), the form a temporal layer's input gradient
-    is computed in row by row (:func:`temporal_rows_applies`); no Winograd."""
+    is computed in row by row (:func:`temporal_rows_applies`); no Winograd. ``streamed``: the
+    stride-phase form with every D row in one reduction (``split_d=False`` of the compute), the
+    form whose filter is flipped inside that reduction (:func:`streamed_applies`); no
+    Winograd."""
     dy = _placeholder(conv.y_shape, names[0], prec.dtype)
     w = _placeholder(conv.w_shape, names[1], prec.dtype)
     convert, cd = prec.convert(), prec.core_dtype
@@ -228,12 +235,35 @@ def grad_input(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "g
         _geometry(conv, group, conv.batch, conv.in_spatial, conv.out_spatial),
         tuple(int(s) for s in w6.shape), tuple(int(s) for s in dy6.shape),
         (conv.batch, *conv.in_spatial, conv.cin), cd, ACC_DTYPE, names[2], None, None, {})
-    winograd = False if dense else winograd
-    res = compute.conv3d_backprop_input(w6, dy6, p, winograd=winograd, stride_phases=not dense)
+    winograd = False if dense or streamed else winograd
+    res = compute.conv3d_backprop_input(w6, dy6, p, winograd=winograd, stride_phases=not dense,
+                                        split_d=not streamed)
     out = lt.unpack_6hd(res, conv.cin, conv.in_spatial[2], prec.dtype, names[2])
     return Graph(INPUT_OP, p, [dy, w], out, ["NCDHW", "NCDHW", "NCDHW"],
-                 result_periods(p, winograd), flops, rows_only=dense,
+                 result_periods(p, winograd), flops, rows_only=dense, streamed=streamed,
                  work=round(flops * group.merged_share))
+
+
+# Input positions at most, and filter bytes at least, of a layer whose input gradient races
+# in the streamed form (:func:`streamed_applies`).
+STREAMED_MAX_POSITIONS = 1024
+STREAMED_MIN_FILTER_BYTES = 256 * 1024
+
+
+def streamed_applies(conv: Conv3d) -> bool:
+    """Whether an input gradient also races in the streamed form (``grad_input(streamed=
+    True)``, ``Heuristic(stream=True)``): stride 1, one group, a kernel of several live taps,
+    at least two blocks of input channels (a parallel task each), a map of at most
+    ``STREAMED_MAX_POSITIONS`` positions and a filter of at least
+    ``STREAMED_MIN_FILTER_BYTES`` (float32): late stages and small maps, where the filter is
+    the big operand and the packed form's flipped copy of it a pass of its own
+    (``schedules.llvm.conv3d_backprop_input._schedule_streamed``). On a 8x28x28 map it lost
+    to Winograd 5.8 to 3.2 ms (Zen 4)."""
+    live = (live_taps(conv) or (None, conv))[1]
+    return (tuple(conv.strides) == (1, 1, 1) and conv.groups == 1
+            and math.prod(live.kernel) > 1 and conv.cin >= 2 * C0
+            and conv.batch * math.prod(conv.in_spatial) <= STREAMED_MAX_POSITIONS
+            and 4 * math.prod(live.w_shape) >= STREAMED_MIN_FILTER_BYTES)
 
 
 def temporal_rows_applies(conv: Conv3d) -> bool:
@@ -1282,6 +1312,10 @@ def alternative_candidates(graph: Graph, target: Target) -> list:
         return candidates(graph.op, target)
     if graph.rows_only:  # both widths, row by row
         return [k for k in candidates(graph.op, target) if getattr(k, "rows", None)]
+    if graph.streamed:
+        from ..schedules.llvm.conv3d_backprop_input import streamed_candidates
+
+        return streamed_candidates(target)
     return [None, *(k for k in candidates(graph.op, target) if getattr(k, "gemm", None))]
 
 
