@@ -383,7 +383,7 @@ def _schedule_rows(sch, p: BackpropInputParams, knobs: Heuristic, target):
 
 
 def _streams(p: BackpropInputParams, names: list[str]) -> bool:
-    """Whether a kernel is the streamed form's (``kernels.grad_input_streamed``): one
+    """Whether a kernel is the streamed form's (``kernels.grad_input(streamed=True)``): one
     reduction over every D row (stride 1, the D rows not split into border runs), the
     flipped filter its only reader, no Winograd, one group."""
     reductions = [n for n in names if n.startswith(stages.DX_MAD)]
