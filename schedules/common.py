@@ -27,8 +27,8 @@ class Heuristic:
     pointwise input gradient compute its result one output row at a time, reading dy where it
     lies and writing the row out while it is in cache (``None``: stage by stage); ``stream``
     makes an input gradient of one reduction flip its filter a chunk of output channels at a
-    time inside that reduction, which then reads the user's filter once and writes no copy of
-    it (``None``: the flipped filter materialized first).
+    time inside that reduction, which then reads the user's filter once and keeps only a
+    chunk's flipped copy, in cache (``None``: the whole flipped filter materialized first).
 
     A rule called without knobs uses ``Heuristic(<the target's lanes>)``. The rules'
     ``candidates`` are the few heuristics that measured selection (``tbe_like.tune``) times on

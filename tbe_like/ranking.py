@@ -2,9 +2,11 @@
 
 Measured selection (``tune.measured_schedule``) races a kernel's candidates on the machine:
 each form's knob sets (the packed form's tiles for 8 and 16 lanes, split K, whole
-reductions, the col, rows, outer, dot, direct and temporal forms', each also on one core
-where a kernel is small), up to 13 for one kernel, each compiled before it is timed. A cost
-model ranks them first and only the best :data:`TOP_K` are compiled and timed.
+reductions, the col, rows, outer, dot, direct, temporal and streamed forms', each also on one
+core where a kernel is small), a dozen or more for one kernel, each compiled before it is
+timed. A cost model ranks them first and only the best :data:`TOP_K` are compiled and timed,
+beside the candidates it does not describe (:func:`describes`: the streamed form's, added
+after the shipped model was trained).
 
 The model is XGBoost's (``rank:pairwise``), trained on what measured selection measured: the
 fastest call of every candidate of every kernel of the network suite's development half
@@ -223,6 +225,17 @@ def write_model(path: str | os.PathLike, booster: Any, mcpu: str, vector_bits: i
         "kernels": kernels,
         "model": json.loads(bytes(raw))}, separators=(",", ":")), encoding="utf-8")
     _load.cache_clear()
+
+
+def timed(layer: dict | None, names: list[str], target) -> list[int]:
+    """The indexes of a kernel's candidates ``names`` that measured selection compiles and
+    times: the model's best :data:`TOP_K` of those it describes (:func:`rank`, :func:`keep`;
+    all where no model applies), and every one it does not describe, whatever it ranks (they
+    take none of the ``TOP_K`` places)."""
+    described = [i for i, name in enumerate(names) if describes(name)]
+    ranked = rank(layer, [names[i] for i in described], target)
+    kept = {described[i] for i in keep(ranked, len(described))}
+    return sorted(kept | (set(range(len(names))) - set(described)))
 
 
 def keep(order: list[int] | None, count: int, top_k: int | None = None) -> list[int]:

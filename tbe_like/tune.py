@@ -712,9 +712,8 @@ def measured_schedule(func, schedule_with: Callable[[Any, Any], Any], candidates
     if len(options) == 1:
         return options[0][1], None
     names = [name for name, _, _ in options]
-    kept = set(ranking.keep(ranking.rank(layer, names, target), len(options)))
-    kept |= {i for i, name in enumerate(names)
-             if name.endswith(SHIPPED) or not ranking.describes(name)}
+    kept = set(ranking.timed(layer, names, target))
+    kept |= {i for i, name in enumerate(names) if name.endswith(SHIPPED)}
     ranked_out = tuple(name for i, name in enumerate(names) if i not in kept)
     options = [option for i, option in enumerate(options) if i in kept]
     runners, executables = _runners([sch.mod["main"] for _, sch, _ in options], target, symbol,

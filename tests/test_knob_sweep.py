@@ -477,6 +477,9 @@ STREAMED = {
     "k133-cin32-7x7": conv3d(1, 32, (1, 7, 7), 16, (1, 3, 3), pad=(0, 1, 1)),
     "k311-dil2-cin32": conv3d(1, 32, (6, 3, 3), 16, (3, 1, 1), pad=(2, 0, 0), dil=(2, 1, 1)),
     "k333-one-frame": conv3d(1, 32, (1, 4, 4), 32, (3, 3, 3)),
+    # 8 blocks (a task's tile holds several: the flipped chunk spans them), and 7x7 taps per
+    # plane, whose GEMM tile takes one output channel per chunk.
+    "k377-cin128-chunk1": conv3d(1, 128, (2, 4, 4), 16, (3, 7, 7), pad=(1, 3, 3)),
 }
 
 
@@ -518,12 +521,19 @@ def test_a_streamed_input_gradient_flips_its_filter_in_chunks(shape):
                                graph, TARGET, knobs)
         flip = _flip_buffer(sch.mod)
         assert math.prod(flip) < whole, (flip, knobs)  # a chunk, a task's channels
-        if any(geo.pads[:2]):
+        if any(geo.pads[:2]):  # D's live rows declared (axis 1 first), and a test placed
+            script = sch.mod["main"].script()
+            assert f'"{lowering.LIVE_ROWS}": ["{stages.DX_DY_PAD}", 1,' in script, knobs
             skips = []
             structural_walk(lowering.skip_padding(sch.mod)["main"].body, [
                 (tirx.IfThenElse, skips.append)])
             assert skips, "the taps reading D padding are not skipped"
         _check(_run(graph, knobs, arrays), want)
+        _check(_run(graph, kernels.OneCore(knobs), arrays), want)
+    # Raced on one core too (a small kernel), it is scheduled streamed there as well.
+    forms = kernels.selection_forms(kernels.grad_input(conv, F32), TARGET, {"streamed": graph})
+    assert all((k.knobs if isinstance(k, kernels.OneCore) else k).stream
+               for k in forms[1].candidates), forms[1].candidates
     prec = PRECISIONS["bfloat16"]
     low = kernels.grad_input(conv, kernels.Precision.on(TARGET, prec.dtype, prec.compute),
                              streamed=True)

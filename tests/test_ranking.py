@@ -186,8 +186,15 @@ def test_a_candidate_the_model_does_not_describe_is_always_timed(measuring, host
     assert not ranking.describes("streamed: Heuristic(lanes=16, stream=True)")
     assert not ranking.describes("Heuristic(lanes=16, stream=True)")
     assert not ranking.describes("a form from the future: rule")
-    monkeypatch.setenv(ranking.RANK_ENV, "1")
     monkeypatch.setattr(ranking, "TOP_K", 1)
+    # They take none of the places of the candidates the model ranks best (here the 16-lane
+    # one), and with ranking off every candidate is timed.
+    names = ["streamed: Heuristic(lanes=16, stream=True)", "Heuristic(lanes=8)",
+             "Heuristic(lanes=16)", "streamed: Heuristic(lanes=16, stream=True), one core"]
+    layer = _para(_conv(), "grad_input")
+    assert ranking.timed(layer, names, host_model) == [0, 1, 2, 3]  # the fixture: ranking off
+    monkeypatch.setenv(ranking.RANK_ENV, "1")
+    assert ranking.timed(layer, names, host_model) == [0, 2, 3]
     conv = kernels.Conv3d(1, 64, 64, (2, 4, 4), (2, 4, 4), (3, 3, 3), (1, 1, 1), (1,) * 6,
                           (1, 1, 1), 1)
     assert kernels.streamed_applies(conv)

@@ -396,7 +396,7 @@ def _schedule_streamed(sch, p: BackpropInputParams, knobs: Heuristic, target):
     """The streamed form: the filter flipped one chunk of output channels at a time inside
     the reduction, right before the chunk's multiply-adds read it::
 
-        parallel over groups of input-channel blocks   (at least one per core)
+        parallel over groups of input-channel blocks   (one per core where there are enough)
           for co_o                                     a chunk of output channels
             the chunk's flipped filter (taps x chunk x the group's channels, in L2)
             for n, kd, d, h_o, w_o                     every D row inside the chunk
@@ -406,8 +406,9 @@ def _schedule_streamed(sch, p: BackpropInputParams, knobs: Heuristic, target):
     (V-Net's 128 -> 128 5x5x5 layer on 4x4x4 maps: an 8 MB filter, 64 positions), and with
     the D border rows as reductions of their own each re-read its slices (14 of the 5 kd
     slices there). Here every D row is inside the chunk, its taps in dy's D padding skipped
-    (``skip_padding``) like H's, so the filter is read from the user's array once and
-    written nowhere. The tile: :func:`gemm_knobs` (``knobs.gemm``) or
+    (``skip_padding``) like H's, so the filter is read from the user's array once and its
+    flipped chunk (taps x chunk x the task's channels, a buffer TVM allocates per task) is
+    read from cache by every row. The tile: :func:`gemm_knobs` (``knobs.gemm``) or
     :func:`default_knobs`, over the blocks of one parallel task. Zen 4, kernels alone,
     against the best other form: V-Net's 128 -> 128 on 4x4x4 1.13 -> 0.70 ms, 64 -> 64 on
     4x4x4 0.26 -> 0.19, 32 -> 32 on 8x8x8 0.47 -> 0.40, 3D U-Net's 768 -> 256 on 2x4x4
@@ -418,7 +419,9 @@ def _schedule_streamed(sch, p: BackpropInputParams, knobs: Heuristic, target):
     height, width, channels = _extents(sch, mad)
     n, d, cb, h, _, w, ci0, co, a, b, c = _mad_loops(sch, mad)
     blocks = int(sch.get(cb).extent)
-    per_task = max(1, blocks // num_threads(target))  # a task per core at least
+    # As many tasks as cores where there are as many blocks (the flip is computed once per
+    # task: splitting the rows too would repeat it).
+    per_task = max(1, blocks // num_threads(target))
     fit = (gemm_knobs(p, knobs.lanes, width, channels, height, per_task, knobs.accumulators)
            if knobs.gemm else
            default_knobs(p, knobs.lanes, width, channels, height, knobs.accumulators))
@@ -445,17 +448,12 @@ def _schedule_streamed(sch, p: BackpropInputParams, knobs: Heuristic, target):
     flatten_init(sch, sch.decompose_reduction(mad, co_o), int(sch.get(ci0).extent))
     # The chunk's flipped filter, read as :func:`_schedule_filter` reads the whole one: an
     # (output channel, block of C0 input channels) at a time, its taps inside.
-    # (``compute_at`` makes a loop for each of its axes whose region is more than one value.)
-    chunk, c0 = int(sch.get(co_i).extent) * unroll, p.geometry.c0
-    extents = zip(("grp", "a", "b", "c", "co", "ci"),
-                  (1, *p.geometry.kernel, chunk, int(sch.get(cb_i).extent) * c0), strict=True)
-    axes = [axis for axis, extent in extents if extent > 1]
+    # (Its loops of one iteration kept: one loop per axis of the stage, in order.)
     flip = sch.get_sblock(stages.DX_FILTER_FLIP)
-    sch.compute_at(flip, co_o)
-    loops = dict(zip(axes, sch.get_loops(flip)[-len(axes):], strict=True))
-    ci_o, ci_i = sch.split(loops.pop("ci"), [None, c0])
-    sch.reorder(*[loops[axis] for axis in ("co",) if axis in loops], ci_o,
-                *[loops[axis] for axis in ("a", "b", "c") if axis in loops], ci_i)
+    sch.compute_at(flip, co_o, preserve_unit_loops=True)
+    _, fa, fb, fc, fco, fci = sch.get_loops(flip)[-6:]
+    ci_o, ci_i = sch.split(fci, [None, p.geometry.c0])
+    sch.reorder(fco, ci_o, fa, fb, fc, ci_i)
     sch.vectorize(ci_i)
     fuse_parallel_vectorize(sch, stages.DX_RES, 2, target)
     return sch

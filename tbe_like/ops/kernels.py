@@ -1332,16 +1332,19 @@ def selection_forms(graph: Graph, target: Target,
         return lambda s, knobs: schedule(s, g, target, knobs)
 
     # A small kernel's forms race on one core too, each with its rule's default (a form made
-    # row by row only: its row-by-row schedule), each form by the work it computes.
+    # row by row only: its row-by-row schedule; the streamed form: its streamed one), each
+    # form by the work it computes.
     def one_of(g: Graph) -> list:
         if not one_core_races(g, target):
             return []
-        if not g.rows_only:
+        if not (g.rows_only or g.streamed):
             return [OneCore()]
         from ..schedules.common import Heuristic
         from ..target import vector_lanes
 
-        return [OneCore(Heuristic(vector_lanes(target), rows=True))]
+        lanes = vector_lanes(target)
+        return [OneCore(Heuristic(lanes, stream=True) if g.streamed
+                        else Heuristic(lanes, rows=True))]
 
     forms = [Form(name, prim_func(g), scheduler(g), alternative_candidates(g, target) + one_of(g))
              for name, g in (alternatives or {}).items()]
