@@ -38,6 +38,7 @@ large-64^3 94.1 -> 84.2, ResNet3D 295 -> 210 ms.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -185,10 +186,13 @@ def _extents(sch, mad) -> tuple[int, int, int]:
     return spatial[3], spatial[-2], int(iters[len(spatial)].dom.extent)
 
 
-def _schedule_mad(sch, name: str, knobs: Knobs | str, target, w_taps: str = "") -> None:
+def _schedule_mad(sch, name: str, knobs: Knobs | str, target, w_taps: str = "",
+                  streamed: bool = False):
     """Tile and order a reduction (see the module's doc). ``w_taps``: its W taps unrolled,
     around the chunk's channel loop (``"outer"``) or inside it (``"inner"``); see
-    :func:`w_taps`."""
+    :func:`w_taps`. ``streamed``: the order of :func:`_schedule_streamed` (the channel blocks
+    the only parallel loop, the batch and every D row inside each chunk of output channels).
+    Returns the loop over the chunks."""
     threads = num_threads(target)
     mad = sch.get_sblock(name)
     n, d, cb, h, e, w, ci0, co, a, b, c = _mad_loops(sch, mad)
@@ -216,11 +220,15 @@ def _schedule_mad(sch, name: str, knobs: Knobs | str, target, w_taps: str = "") 
     # taps inside the tile, so that a tile is stored once a chunk, ran 10-20% slower: the tile
     # then reads 3 dy planes.)
     outer = [loop for loop in (n, d, e) if loop is not None]
-    if math.prod(int(sch.get(loop).extent) for loop in outer) < TASKS_PER_THREAD * threads:
+    if streamed:
+        outer = [cb]
+    elif math.prod(int(sch.get(loop).extent) for loop in outer) < TASKS_PER_THREAD * threads:
         outer = [cb, n, d, *outer[2:]]  # the blocks as parallel tasks too
-    inner = [a, co_o, cb, h_o, w_o, b, c, co_i, co_u, cb_i, h_i, w_i, ci0]
-    if w_taps == "inner":
-        inner = [a, co_o, cb, h_o, w_o, b, co_i, c, co_u, cb_i, h_i, w_i, ci0]
+    taps = [b, co_i, c] if w_taps == "inner" else [b, c, co_i]
+    chunk = [n, a, d] if streamed else [a, co_o, cb]
+    inner = [*chunk, h_o, w_o, *taps, co_u, cb_i, h_i, w_i, ci0]
+    if streamed:
+        inner = [co_o, *inner]
     order = outer + [loop for loop in inner if loop is not None and loop not in outer]
     sch.reorder(*order)
     parallel(sch, outer, target)
@@ -231,7 +239,9 @@ def _schedule_mad(sch, name: str, knobs: Knobs | str, target, w_taps: str = "") 
     sch.unroll(co_u)
     if w_taps:
         sch.unroll(c)
-    flatten_init(sch, sch.decompose_reduction(mad, a), int(sch.get(ci0).extent))
+    flatten_init(sch, sch.decompose_reduction(mad, co_o if streamed else a),
+                 int(sch.get(ci0).extent))
+    return co_o
 
 
 # The share of H steps in dy's padding from which a reduction skips them (``padding_share``).
@@ -417,35 +427,19 @@ def _schedule_streamed(sch, p: BackpropInputParams, knobs: Heuristic, target):
     fuse_parallel_vectorize(sch, stages.DX_DY_PAD, 2, target)
     mad = sch.get_sblock(stages.DX_MAD)
     height, width, channels = _extents(sch, mad)
-    n, d, cb, h, _, w, ci0, co, a, b, c = _mad_loops(sch, mad)
-    blocks = int(sch.get(cb).extent)
+    blocks = int(sch.get(_mad_loops(sch, mad)[2]).extent)
     # As many tasks as cores where there are as many blocks (the flip is computed once per
     # task: splitting the rows too would repeat it).
     per_task = max(1, blocks // num_threads(target))
     fit = (gemm_knobs(p, knobs.lanes, width, channels, height, per_task, knobs.accumulators)
            if knobs.gemm else
            default_knobs(p, knobs.lanes, width, channels, height, knobs.accumulators))
+    fit = dataclasses.replace(fit, cb_tile=min(fit.cb_tile, per_task))
     unrolled = w_taps(fit, width, True, bool(knobs.gemm),
                       padding_share(p, 2) >= SKIP_SHARE)
     skip_padding(sch, mad, stages.DX_DY_PAD, (1,) + (3,) * (padding_share(p) >= SKIP_SHARE)
                  + (4,) * bool(unrolled))
-    cb_o, cb_i = sch.split(cb, [None, _fit(blocks, min(fit.cb_tile, per_task))])
-    h_o, h_i = sch.split(h, [None, max(1, min(height, fit.h_tile))])
-    w_o, w_i = sch.split(w, [None, max(1, min(width, fit.w_tile))])
-    co_o, co_i = sch.split(co, [None, _fit(channels, fit.co_chunk)])
-    unroll = fit.co_unroll
-    if int(sch.get(co_i).extent) % unroll or width % fit.w_tile or height % fit.h_tile:
-        unroll = 1
-    co_i, co_u = sch.split(co_i, [None, unroll])
-    taps = [b, co_i, c, co_u] if unrolled == "inner" else [b, c, co_i, co_u]
-    sch.reorder(cb_o, co_o, n, a, d, h_o, w_o, *taps, cb_i, h_i, w_i, ci0)
-    parallel(sch, [cb_o], target)
-    sch.vectorize(ci0)
-    for loop in (cb_i, h_i, w_i, co_u):
-        sch.unroll(loop)
-    if unrolled:
-        sch.unroll(c)
-    flatten_init(sch, sch.decompose_reduction(mad, co_o), int(sch.get(ci0).extent))
+    co_o = _schedule_mad(sch, stages.DX_MAD, fit, target, unrolled, streamed=True)
     # The chunk's flipped filter, read as :func:`_schedule_filter` reads the whole one: an
     # (output channel, block of C0 input channels) at a time, its taps inside.
     # (Its loops of one iteration kept: one loop per axis of the stage, in order.)
