@@ -1,5 +1,5 @@
-"""The weight gradient of a layer of few input channels as dot products along output rows
-(``kernels.grad_weight_rows``, ``schedules.llvm.conv3d_backprop_filter_rows``): a form that
+"""The weight gradient of a layer of few input or output channels as dot products along output
+rows (``kernels.grad_weight_rows``, ``schedules.llvm.conv3d_backprop_filter_rows``): a form that
 measured selection races against the packed one. Both vector widths' tiles, strides,
 dilations, padding, rows of whole vectors (dy read in place) and not (dy's rows padded),
 depthwise and grouped layers, every dtype and the transposed operator, against NumPy; every
@@ -26,7 +26,7 @@ from tbe_like.schedules.llvm.conv3d_backprop_filter_rows import (
 
 from tbe_like import ops, stages
 from tbe_like.ops import kernels
-from tbe_like.ops.convolution_backward import _other_forms, graph_of
+from tbe_like.ops.convolution_backward import ROWS_OUT, _other_forms, graph_of
 from tbe_like.target import host_target
 
 TARGET = host_target()
@@ -62,6 +62,12 @@ CASES = {  # (conv, dtype, padding (D, H, W) for the reference)
     "groups2-cin4-cout3-s2": (conv3d(2, 8, (3, 8, 10), 6, (1, 3, 3), stride=2, groups=2),
                               "float32"),
     "groups3-cin8-cout4": (conv3d(1, 24, (2, 4, 9), 12, (3, 3, 3), groups=3), "float32"),
+    # Few output channels (a segmentation head's classes): 24 -> 2 with rows of 16, 20 -> 8 at
+    # stride 2 (rows of 7, padded), 32 -> 3 in bfloat16.
+    "24ch-to-2-k333": (conv3d(1, 24, (3, 6, 16), 2, (3, 3, 3)), "float32"),
+    "20ch-to-8-s2": (conv3d(2, 20, (5, 9, 13), 8, (3, 3, 3), stride=2), "float32"),
+    "32ch-to-3-k155-bfloat16": (conv3d(1, 32, (2, 5, 9), 3, (1, 5, 5), pad=(0, 2, 2)),
+                                "bfloat16"),
 }
 
 
@@ -69,7 +75,7 @@ CASES = {  # (conv, dtype, padding (D, H, W) for the reference)
 @pytest.mark.parametrize("name", list(CASES))
 def test_every_tile_matches_reference(name, lanes):
     conv, dtype = CASES[name]
-    assert kernels.rows_applies(conv)
+    assert kernels.rows_applies(conv) != kernels.weight_rows_out_applies(conv)
     prec = kernels.Precision.on(TARGET, dtype, dtype)
     graph = kernels.grad_weight_rows(conv, prec)
     padded = conv.out_spatial[2] % kernels.ROWS_LANES != 0
@@ -135,6 +141,23 @@ def test_only_layers_of_few_channels_per_group_have_the_form():
         assert kernels.rows_applies(conv)
 
 
+def test_layers_of_few_output_channels_have_the_form_too():
+    """Without groups, at most 8 output channels (and more than 4 input channels: a layer of
+    few of both has the form as "rows"), at most 16 kernel columns."""
+    prec = kernels.Precision("float32", "float32")
+    head = conv3d(1, 32, (4, 8, 16), 2, (5, 5, 5), pad=2)
+    forms = _other_forms(graph_of("grad_weight", head, prec, target=TARGET),
+                         "grad_weight", head, prec, False, TARGET)
+    assert list(forms) == [ROWS_OUT] and forms[ROWS_OUT].op == kernels.FILTER_ROWS_OP
+    for conv in (conv3d(1, 64, (4, 8, 16), 8, (3, 3, 3)), conv3d(1, 5, (4, 8, 16), 1, (1, 1, 1))):
+        assert kernels.weight_rows_out_applies(conv) and not kernels.rows_applies(conv)
+    for conv in (conv3d(1, 64, (4, 8, 16), 9, (3, 3, 3)),  # 9 output channels
+                 conv3d(1, 64, (4, 8, 16), 8, (3, 3, 3), groups=2),
+                 conv3d(1, 3, (4, 8, 16), 2, (3, 3, 3)),  # few of both: "rows"
+                 conv3d(1, 32, (2, 4, 40), 2, (1, 1, 17), pad=0)):  # 17 columns
+        assert not kernels.weight_rows_out_applies(conv)
+
+
 @pytest.mark.parametrize("transposed", [False, True])
 def test_the_operator_races_it_and_computes_the_same(transposed, measuring):
     """Through ``convolution_backward`` from an empty cache: the selection timed the rows
@@ -180,3 +203,24 @@ def test_the_operator_races_it_on_a_transposed_grouped_layer(measuring):
     want = ref.convolution_backward(*(a.astype(np.float64) for a in (dy, x, w)), **common)[1]
     got = executor(dy, x, w)[1]
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
+
+
+def test_the_operator_races_both_rows_forms_on_a_layer_of_few_output_channels(measuring):
+    """A 20 -> 3 layer (a segmentation head) through ``convolution_backward`` from an empty
+    cache: the selection timed both gradients' rows forms, and whichever won, both gradients
+    equal NumPy's."""
+    from tbe_like.testing import reference as ref
+
+    rng = np.random.default_rng(12)
+    x, w, dy = (rng.standard_normal(shape).astype(np.float32)
+                for shape in ((2, 20, 3, 7, 9), (3, 20, 3, 3, 3), (2, 3, 3, 7, 9)))
+    common = dict(stride=[1, 1, 1], padding=[1, 1, 1], dilation=[1, 1, 1], transposed=False,
+                  output_padding=[0, 0, 0], groups=1, output_mask=(True, True, False))
+    executor = ops.prepare_convolution_backward(dy, x, w, bias_sizes=None, **common)
+    for kind in ("grad_input", "grad_weight"):
+        times = executor.kernels[kind].metadata["para_dict"]["selection"]["times_ms"]
+        assert any(name.startswith(f"{ROWS_OUT}: ") for name in times), (kind, times)
+    want = ref.convolution_backward(*(a.astype(np.float64) for a in (dy, x, w)), **common)
+    got = executor(dy, x, w)
+    for g, r in zip(got[:2], want[:2], strict=True):
+        np.testing.assert_allclose(g, r, rtol=0, atol=2e-5 * np.abs(r).max())

@@ -1,6 +1,7 @@
-"""The input gradient of a layer of few input channels or a depthwise layer, one stride phase
-of dX at a time (``kernels.grad_input_rows``, ``schedules.llvm.conv3d_backprop_input_rows``):
-a form that measured selection races against the packed one. Both vector widths' tiles; stride
+"""The input gradient of a layer of few input or output channels or a depthwise layer, one
+stride phase of dX at a time (``kernels.grad_input_rows``,
+``schedules.llvm.conv3d_backprop_input_rows``): a form that measured selection races against
+the packed one. Both vector widths' tiles; stride
 phases of unequal sizes and tap counts, phases no tap reaches (kernel < stride), dilation,
 asymmetric padding; depthwise and grouped layers; every dtype; against NumPy, every kernel under the
 bounds proof."""
@@ -13,12 +14,16 @@ import numpy as np
 import pytest
 from conftest import NP_DTYPES, RTOL, conv3d, lowered_until, run_form
 from tbe_like.schedules.common import HEURISTIC_LANES, Heuristic
-from tbe_like.schedules.llvm.conv3d_backprop_input_rows import rows_tile, vectors
+from tbe_like.schedules.llvm.conv3d_backprop_input_rows import (
+    channel_tile,
+    rows_tile,
+    vectors,
+)
 
 from tbe_like import ops, stages
 from tbe_like._tvm import Call, IRModule, s_tir, structural_walk, tirx
 from tbe_like.ops import kernels
-from tbe_like.ops.convolution_backward import _other_forms, graph_of
+from tbe_like.ops.convolution_backward import ROWS_OUT, _other_forms, graph_of
 from tbe_like.target import host_target
 from tbe_like.testing import reference as ref
 
@@ -65,6 +70,13 @@ CASES = {  # (conv, dtype)
                                       (0, 0, 1, 1, 1, 1), groups=2), "float32"),
     "groups3-cin8-cout4": (_conv(1, 24, (2, 4, 9), 12, (3, 3, 3), (1, 1, 1), (1,) * 6,
                                  groups=3), "float32"),
+    # Few output channels: 24 -> 2 (tiles of the channels), 17 -> 1 (a prime count) at stride
+    # (1, 2, 2), 40 -> 4 in float16.
+    "24ch-to-2-k333": (_conv(1, 24, (3, 6, 16), 2, (3, 3, 3), (1, 1, 1), (1,) * 6), "float32"),
+    "17ch-to-1-s122": (_conv(2, 17, (2, 7, 13), 1, (1, 3, 3), (1, 2, 2), (0, 0, 1, 1, 1, 1)),
+                       "float32"),
+    "40ch-to-4-float16": (_conv(1, 40, (2, 5, 9), 4, (3, 3, 3), (1, 1, 1), (1,) * 6),
+                          "float16"),
 }
 
 
@@ -102,7 +114,7 @@ def _reference(conv, dy, w):
 @pytest.mark.parametrize("name", list(CASES))
 def test_every_tile_matches_reference(name, lanes):
     conv, dtype = CASES[name]
-    assert kernels.input_rows_applies(conv)
+    assert kernels.input_rows_applies(conv) != kernels.input_rows_out_applies(conv)
     prec = kernels.Precision.on(TARGET, dtype, dtype)
     graph = kernels.grad_input_rows(conv, prec)
     assert len(graph.params.phases) == np.prod(conv.strides)
@@ -142,6 +154,40 @@ def test_the_tile_fits_the_registers():
     assert rows_tile(4, 28, 32) == 2
     assert rows_tile(1, 28, 32) == 14
     assert rows_tile(8, 28, 16) == 1
+
+
+@pytest.mark.parametrize("cin, columns, lanes, registers", [
+    (24, 16, 16, 32), (32, 64, 16, 32), (17, 32, 8, 32), (64, 32, 8, 16), (40, 16, 8, 16)])
+def test_a_tile_of_many_channels_fits_the_registers(cin, columns, lanes, registers):
+    """Many input channels (a layer of few output channels): the tile's channels divide them,
+    its vectors the row's, and its accumulators, broadcast weights and dy vector fit; no tile
+    that fits has more accumulators. A stem's 1-4 channels are one tile as before."""
+    c, v = channel_tile(cin, columns, lanes, registers)
+    assert cin % c == 0 and (columns // lanes) % v == 0
+    assert c * v + c + 1 <= registers
+    assert not any(cc * vv > c * v for cc in range(1, cin + 1) if cin % cc == 0
+                   for vv in range(1, columns // lanes + 1) if (columns // lanes) % vv == 0
+                   and cc * vv + cc + 1 <= registers)
+    for few in (1, 3, 4):
+        assert channel_tile(few, columns, lanes, registers) == (
+            few, vectors(few, columns, lanes, registers))
+
+
+def test_layers_of_few_output_channels_have_the_form_too():
+    """Without groups, at most 4 output channels (and more than 4 input channels: a layer of
+    few of both has the form as "rows"), within the phases the form splits."""
+    prec = kernels.Precision("float32", "float32")
+    head = conv3d(1, 32, (4, 8, 16), 2, (5, 5, 5), pad=2)
+    forms = _other_forms(graph_of("grad_input", head, prec, target=TARGET),
+                         "grad_input", head, prec, False, TARGET)
+    assert ROWS_OUT in forms and forms[ROWS_OUT].op == kernels.INPUT_ROWS_OP
+    assert "rows" not in forms
+    assert kernels.input_rows_out_applies(conv3d(1, 64, (4, 8, 16), 4, (3, 3, 3), stride=2))
+    for conv in (conv3d(1, 64, (4, 8, 16), 5, (3, 3, 3)),  # 5 output channels
+                 conv3d(1, 64, (4, 8, 16), 4, (3, 3, 3), groups=2),
+                 conv3d(1, 4, (4, 8, 16), 2, (3, 3, 3)),  # few of both: "rows"
+                 _conv(1, 32, (4, 16, 16), 2, (1, 4, 4), (1, 4, 4), (0,) * 6)):  # 16 phases
+        assert not kernels.input_rows_out_applies(conv)
 
 
 def test_only_layers_of_few_channels_per_group_and_few_phases_have_the_form():

@@ -1,5 +1,5 @@
-"""LLVM CPU schedule for the weight gradient of a layer of few input channels as dot products
-along output rows (``FILTER_ROWS_OP``, ``tbe_like.ops.kernels.grad_weight_rows``).
+"""LLVM CPU schedule for the weight gradient of a layer of few input or output channels as dot
+products along output rows (``FILTER_ROWS_OP``, ``tbe_like.ops.kernels.grad_weight_rows``).
 
 ``dW[co, ci, kd, kh, kw]`` sums, over (n, do, ho), dy's row times the row of x the tap reads.
 The columns of a row are the vector axis (``rfactor``: every lane sums its own columns, the

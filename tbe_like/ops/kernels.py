@@ -490,6 +490,34 @@ def rows_applies(conv: Conv3d) -> bool:
     return few_channels(conv) and conv.kernel[2] <= ROWS_MAX_COLUMNS
 
 
+# Output channels up to which a layer without groups also has the rows forms of its weight
+# gradient (``grad_weight_rows``) and its input gradient (``grad_input_rows``), which pad no
+# channel: the packed forms compute a block of 16 output channels (the weight gradient's tile,
+# the input gradient's reduction), 8 or more of them zeros. A segmentation head's few
+# classes; measured on layers outside the network suite (Zen 4, kernels alone, best of both
+# widths): weight 16 -> 3 3x3x3 on 16x32x32 1.11 -> 0.24 ms, 64 -> 1 on 8x32x32 1.87 ->
+# 0.29, 64 -> 4 on 8x14x14 0.41 -> 0.14, 32 -> 8 on 16x28x28 1.48 -> 0.98 (64 -> 16: 1.25
+# -> 1.79, hence the bound); input 16 -> 3 0.61 -> 0.34, 64 -> 1 1.15 -> 0.40, 64 -> 4 0.34
+# -> 0.15, and a tie at 8 output channels (32 -> 8: 0.97 against 1.03, 64 -> 8: 0.96
+# against 0.95).
+WEIGHT_ROWS_MAX_OUT_CHANNELS = 8
+INPUT_ROWS_MAX_OUT_CHANNELS = FOLD_MAX_CHANNELS
+
+
+def few_output_channels(conv: Conv3d, most: int) -> bool:
+    """Whether ``conv`` has no groups, at most ``most`` output channels and more input
+    channels than :func:`few_channels` (a layer of few of both has the rows forms already)."""
+    return conv.groups == 1 and conv.cout <= most and not few_channels(conv)
+
+
+def weight_rows_out_applies(conv: Conv3d) -> bool:
+    """Whether ``grad_weight_rows`` also builds the weight gradient of ``conv`` for its few
+    output channels (:data:`WEIGHT_ROWS_MAX_OUT_CHANNELS`), at most ``ROWS_MAX_COLUMNS`` kernel
+    columns."""
+    return (few_output_channels(conv, WEIGHT_ROWS_MAX_OUT_CHANNELS)
+            and conv.kernel[2] <= ROWS_MAX_COLUMNS)
+
+
 def _x_reach(conv: Conv3d) -> tuple[int, int, int]:
     """The extent of zero-padded x the taps reach along (D, H, W)."""
     return tuple((o - 1) * s + (k - 1) * d + 1 for o, s, k, d in zip(
@@ -526,8 +554,9 @@ def _h_padding_share(conv: Conv3d) -> float:
 
 def grad_weight_rows(conv: Conv3d, prec: Precision,
                      names=("input", "grad_output", "grad_weight")) -> Graph:
-    """dW of a layer of few input channels (:func:`rows_applies`) as dot products along the
-    output rows, one per tap, on the user's NCDHW arrays::
+    """dW of a layer of few input channels (:func:`rows_applies`) or few output channels
+    (:func:`weight_rows_out_applies`) as dot products along the output rows, one per tap, on
+    the user's NCDHW arrays::
 
         dW[co, ci, kd, kh, kw] = sum over (n, do, ho) of  dy[n, co, do, ho, :] . x_tap[:]
 
@@ -537,7 +566,8 @@ def grad_weight_rows(conv: Conv3d, prec: Precision,
     phase first (``stages.DW_ROWS_X``: the columns a tap reads at stride s are then
     contiguous), dy's rows padded to whole vectors where Wo is not one
     (``stages.DW_ROWS_DY``); dy is otherwise read in place and the result written as the
-    user's OIDHW, with no packing stage.
+    user's OIDHW, with no packing stage. No channel is padded either way: dy's 1-8 channels
+    cost no lanes (the packed form's tile computes a block of 16 output channels).
 
     A grouped layer's output channel reads its own group's input channels (``ci`` of the
     filter is the ``ci``-th of them): the packed form computes groups merged into blocks of 16
@@ -981,13 +1011,25 @@ def _grad_input_transposed(conv: Conv3d, prec: Precision, names) -> Graph:
 ROWS_MAX_PHASES = 8
 
 
-def input_rows_applies(conv: Conv3d) -> bool:
-    """Whether ``grad_input_rows`` builds ``conv``'s input gradient: few input channels per
-    group (:func:`few_channels`), at most ``ROWS_MAX_PHASES`` stride phases, and no axis
-    both strided and dilated (a phase's taps are then every s-th, or every one)."""
-    return (few_channels(conv) and math.prod(conv.strides) <= ROWS_MAX_PHASES
+def _phased(conv: Conv3d) -> bool:
+    """Whether ``grad_input_rows`` can split ``conv``'s dX by stride phase: at most
+    ``ROWS_MAX_PHASES`` of them, and no axis both strided and dilated (a phase's taps are then
+    every s-th, or every one)."""
+    return (math.prod(conv.strides) <= ROWS_MAX_PHASES
             and all(s == 1 or d == 1 for s, d in zip(conv.strides, conv.dilations,
                                                       strict=True)))
+
+
+def input_rows_applies(conv: Conv3d) -> bool:
+    """Whether ``grad_input_rows`` builds ``conv``'s input gradient: few input channels per
+    group (:func:`few_channels`), and its phases (:func:`_phased`)."""
+    return few_channels(conv) and _phased(conv)
+
+
+def input_rows_out_applies(conv: Conv3d) -> bool:
+    """Whether ``grad_input_rows`` also builds the input gradient of ``conv`` for its few
+    output channels (:data:`INPUT_ROWS_MAX_OUT_CHANNELS`), and its phases (:func:`_phased`)."""
+    return few_output_channels(conv, INPUT_ROWS_MAX_OUT_CHANNELS) and _phased(conv)
 
 
 @dataclass(frozen=True)
@@ -1021,17 +1063,19 @@ def _phases(size: int, kernel: int, stride: int, dilation: int, pad: int) -> lis
 
 def grad_input_rows(conv: Conv3d, prec: Precision,
                     names=("grad_output", "weight", "grad_input")) -> Graph:
-    """dX of a layer of few input channels (:func:`input_rows_applies`), one stride phase of
-    dX at a time, on the user's NCDHW arrays::
+    """dX of a layer of few input channels (:func:`input_rows_applies`) or few output
+    channels (:func:`input_rows_out_applies`), one stride phase of dX at a time, on the user's
+    NCDHW arrays::
 
         dX_phase[n, ci, j...] = sum over (co, phase taps t) of dy[n, co, j - t] * W[co, ci, t]
 
     The columns of a phase's rows are the vector axis and the weights are broadcast, so dX's
     1-4 channels fill every lane; the packed form gave each of them a block of 16 channels
-    (3 of 16 lanes on a video stem). dy is padded by the taps' reach first
-    (``stages.DX_ROWS_DY``), each phase has a stage of its own with only the taps that reach
-    it (``stages.DX_ROWS``: no multiply-add on a zero tap), and the result interleaves them
-    (``stages.DX_ROWS_RES``).
+    (3 of 16 lanes on a video stem). dy's channels are summed as they are: the packed form
+    sums a block of 16, 12-15 of them zeros where there are 1-4. dy is padded by the taps'
+    reach first (``stages.DX_ROWS_DY``), each phase has a stage of its own with only the taps
+    that reach it (``stages.DX_ROWS``: no multiply-add on a zero tap), and the result
+    interleaves them (``stages.DX_ROWS_RES``).
 
     A grouped layer's channel sums only its own group's output channels: the packed form
     computes groups merged into blocks of 16 x 16 channels, on a depthwise layer (X3D's
