@@ -2,11 +2,11 @@
 
 Measured selection (``tune.measured_schedule``) races a kernel's candidates on the machine:
 each form's knob sets (the packed form's tiles for 8 and 16 lanes, split K, whole
-reductions, the col, rows, outer, dot, direct, temporal and streamed forms', each also on one
-core where a kernel is small), a dozen or more for one kernel, each compiled before it is
-timed. A cost model ranks them first and only the best :data:`TOP_K` are compiled and timed,
-beside the candidates it does not describe (:func:`describes`: the streamed form's, added
-after the shipped model was trained).
+reductions, the col, rows, rows_out, outer, dot, direct, temporal and streamed forms', each
+also on one core where a kernel is small), a dozen or more for one kernel, each compiled
+before it is timed. A cost model ranks them first and only the best :data:`TOP_K` are
+compiled and timed, beside the candidates it does not describe (:func:`describes`: the
+streamed and rows_out forms', added after the shipped model was trained).
 
 The model is XGBoost's (``rank:pairwise``), trained on what measured selection measured: the
 fastest call of every candidate of every kernel of the network suite's development half
