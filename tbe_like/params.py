@@ -335,8 +335,9 @@ class DotFilterParams:
     positions: int
 
 
-# The framework operators' weight gradient of a layer of few input channels as dot products
-# along output rows, one per tap (``tbe_like.ops.kernels.grad_weight_rows``): a CPU form only.
+# The framework operators' weight gradient of a layer of few input or output channels as dot
+# products along output rows, one per tap (``tbe_like.ops.kernels.grad_weight_rows``): a CPU
+# form only.
 FILTER_ROWS_OP = "conv3d_backprop_filter_rows"
 
 
@@ -414,8 +415,9 @@ class ColInputParams:
     images: int = 0
 
 
-# The framework operators' input gradient of a layer of few input channels, one stride phase of
-# dX at a time with dX's rows as the vector axis (``tbe_like.ops.kernels.grad_input_rows``).
+# The framework operators' input gradient of a layer of few input or output channels, one stride
+# phase of dX at a time with dX's rows as the vector axis
+# (``tbe_like.ops.kernels.grad_input_rows``).
 INPUT_ROWS_OP = "conv3d_backprop_input_rows"
 
 

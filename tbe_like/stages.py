@@ -22,8 +22,8 @@ DW_WINO_DY = "dw_wino_dy"  # (G, N, Do, Ho, m+2, tiles, cout_g): A of dy
 DW_DOT_X = "dw_dot_x"  # x at the positions a strided layer reads, (N, Cin, Do*Ho*Wo)
 DW_DOT = "dw_dot"  # (Cout, Cin, 1, 1, 1) float32: sum over (n, position) of dy * x
 DW_DOT_CAST = "dw_dot_cast"  # the result in the arrays' dtype, where that is not float32
-# The weight gradient of a layer of few input channels as dot products along output rows, one
-# per tap (CPU kernels of tbe_like.ops, ``kernels.grad_weight_rows``)
+# The weight gradient of a layer of few input or output channels as dot products along output
+# rows, one per tap (CPU kernels of tbe_like.ops, ``kernels.grad_weight_rows``)
 DW_ROWS_X = "dw_rows_x"  # x zero-padded, W split by stride phase: (N, Cin, Dp, Hp, phases, Wq)
 DW_ROWS_DY = "dw_rows_dy"  # dy's rows zero-padded to whole vectors, where Wo is not
 DW_ROWS = "dw_rows"  # (Cout, Cin, kd, kh, kw) float32: sum over (n, do, ho, wo) of dy * x
@@ -48,8 +48,8 @@ DX_COL = "dx_col"  # (N*Do*Ho*Wo, Cin*kd*kh*kw) float32: sum over co of dy * W
 DX_COL_RES = "dx_col_res"  # dX (N, Cin, D, H, W): each position's sum over the taps reaching it
 DX_COL_CAST = "dx_col_cast"  # the result in the arrays' dtype, where that is not float32
 
-# The input gradient of a layer of few input channels, one stride phase of dX at a time, dX's
-# rows the vector axis (CPU kernels of tbe_like.ops, ``kernels.grad_input_rows``)
+# The input gradient of a layer of few input or output channels, one stride phase of dX at a
+# time, dX's rows the vector axis (CPU kernels of tbe_like.ops, ``kernels.grad_input_rows``)
 DX_ROWS_DY = "dx_rows_dy"  # dy zero-padded by the taps' reach, (N, Cout, D', H', W')
 DX_ROWS = "dx_rows"  # prefix of the phase stages "dx_rows_<rd>_<rh>_<rw>", float32
 DX_ROWS_RES = "dx_rows_res"  # dX (N, Cin, D, H, W): each position from its phase's stage

@@ -26,7 +26,8 @@ from tbe_like.schedules.llvm.conv3d_backprop_filter_rows import (
 
 from tbe_like import ops, stages
 from tbe_like.ops import kernels
-from tbe_like.ops.convolution_backward import ROWS_OUT, _other_forms, graph_of
+from tbe_like.ops.convolution_backward import _other_forms, graph_of
+from tbe_like.ops.kernels import ROWS_OUT
 from tbe_like.target import host_target
 
 TARGET = host_target()
@@ -68,6 +69,9 @@ CASES = {  # (conv, dtype, padding (D, H, W) for the reference)
     "20ch-to-8-s2": (conv3d(2, 20, (5, 9, 13), 8, (3, 3, 3), stride=2), "float32"),
     "32ch-to-3-k155-bfloat16": (conv3d(1, 32, (2, 5, 9), 3, (1, 5, 5), pad=(0, 2, 2)),
                                 "bfloat16"),
+    # A pointwise head (48 -> 2), and dilation 2 at stride 1.
+    "48ch-to-2-k111": (conv3d(2, 48, (2, 4, 16), 2, (1, 1, 1), pad=0), "float32"),
+    "16ch-to-4-dil2": (conv3d(1, 16, (3, 7, 18), 4, (3, 3, 3), pad=2, dil=2), "float32"),
 }
 
 
@@ -154,8 +158,23 @@ def test_layers_of_few_output_channels_have_the_form_too():
     for conv in (conv3d(1, 64, (4, 8, 16), 9, (3, 3, 3)),  # 9 output channels
                  conv3d(1, 64, (4, 8, 16), 8, (3, 3, 3), groups=2),
                  conv3d(1, 3, (4, 8, 16), 2, (3, 3, 3)),  # few of both: "rows"
-                 conv3d(1, 32, (2, 4, 40), 2, (1, 1, 17), pad=0)):  # 17 columns
+                 conv3d(1, 32, (2, 4, 40), 2, (1, 1, 17), pad=0),  # 17 columns
+                 conv3d(1, 108, (1, 1, 1), 8, (1, 1, 1), pad=0)):  # rows of one column
         assert not kernels.weight_rows_out_applies(conv)
+
+
+def test_the_packed_form_keeps_its_tiles_beside_the_rows_forms_of_few_output_channels():
+    """Beside a stem's rows form the packed form races its rule's default alone (its tiles
+    lost on every stem); beside the rows forms of few output channels, which were not measured
+    so, it races every candidate of its own."""
+    prec = kernels.Precision("float32", "float32")
+    for conv, alone in ((conv3d(1, 3, (4, 16, 16), 8, (3, 7, 7), stride=2, pad=3), True),
+                        (conv3d(1, 32, (4, 8, 16), 2, (5, 5, 5), pad=2), False)):
+        graph = graph_of("grad_weight", conv, prec, target=TARGET)
+        main, *_ = kernels.selection_forms(graph, TARGET, _other_forms(
+            graph, "grad_weight", conv, prec, False, TARGET))
+        own = [k for k in main.candidates if not isinstance(k, kernels.OneCore)]
+        assert (own == [None]) == alone, own
 
 
 @pytest.mark.parametrize("transposed", [False, True])

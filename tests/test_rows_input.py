@@ -23,7 +23,8 @@ from tbe_like.schedules.llvm.conv3d_backprop_input_rows import (
 from tbe_like import ops, stages
 from tbe_like._tvm import Call, IRModule, s_tir, structural_walk, tirx
 from tbe_like.ops import kernels
-from tbe_like.ops.convolution_backward import ROWS_OUT, _other_forms, graph_of
+from tbe_like.ops.convolution_backward import _other_forms, graph_of
+from tbe_like.ops.kernels import ROWS_OUT
 from tbe_like.target import host_target
 from tbe_like.testing import reference as ref
 
@@ -77,6 +78,9 @@ CASES = {  # (conv, dtype)
                        "float32"),
     "40ch-to-4-float16": (_conv(1, 40, (2, 5, 9), 4, (3, 3, 3), (1, 1, 1), (1,) * 6),
                           "float16"),
+    # 8 -> 3: every channel in one tile (AVX-512's registers), dilation 2.
+    "8ch-to-3-dil2": (_conv(1, 8, (3, 6, 18), 3, (3, 3, 3), (1, 1, 1), (2,) * 6, (2, 2, 2)),
+                      "float32"),
 }
 
 
@@ -173,6 +177,32 @@ def test_a_tile_of_many_channels_fits_the_registers(cin, columns, lanes, registe
             few, vectors(few, columns, lanes, registers))
 
 
+@pytest.mark.parametrize("lanes", HEURISTIC_LANES)
+@pytest.mark.parametrize("name", ["24ch-to-2-k333", "8ch-to-3-dil2"])
+def test_the_tiles_for_16_registers_match_reference(name, lanes, monkeypatch):
+    """The tiles of a target of 16 vector registers (AVX2), built and run on any host: the
+    schedule asks ``channel_tile`` for them, and the result still equals NumPy's."""
+    from tbe_like.schedules.llvm import conv3d_backprop_input_rows as rule
+
+    asked = []
+
+    def spy(cin, columns, lanes_, registers):
+        asked.append(registers)
+        return channel_tile(cin, columns, lanes_, registers)
+
+    monkeypatch.setattr(rule, "vector_registers", lambda target: 16)
+    monkeypatch.setattr(rule, "channel_tile", spy)
+    conv, dtype = CASES[name]
+    rng = np.random.default_rng(13)
+    dy = rng.standard_normal(conv.y_shape).astype(np.float32)
+    w = rng.standard_normal(conv.w_shape).astype(np.float32)
+    graph = kernels.grad_input_rows(conv, kernels.Precision("float32", "float32"))
+    want = _reference(conv, dy, w)
+    got = run_form(graph, lanes, (dy, w))
+    assert asked and set(asked) == {16}
+    np.testing.assert_allclose(got, want, rtol=0, atol=RTOL[dtype] * np.abs(want).max())
+
+
 def test_layers_of_few_output_channels_have_the_form_too():
     """Without groups, at most 4 output channels (and more than 4 input channels: a layer of
     few of both has the form as "rows"), within the phases the form splits."""
@@ -186,7 +216,9 @@ def test_layers_of_few_output_channels_have_the_form_too():
     for conv in (conv3d(1, 64, (4, 8, 16), 5, (3, 3, 3)),  # 5 output channels
                  conv3d(1, 64, (4, 8, 16), 4, (3, 3, 3), groups=2),
                  conv3d(1, 4, (4, 8, 16), 2, (3, 3, 3)),  # few of both: "rows"
-                 _conv(1, 32, (4, 16, 16), 2, (1, 4, 4), (1, 4, 4), (0,) * 6)):  # 16 phases
+                 _conv(1, 32, (4, 16, 16), 2, (1, 4, 4), (1, 4, 4), (0,) * 6),  # 16 phases
+                 conv3d(1, 64, (1, 1, 1), 4, (1, 1, 1), pad=0),  # rows of one column
+                 conv3d(1, 64, (4, 8, 3), 4, (3, 3, 3))):  # 3 columns
         assert not kernels.input_rows_out_applies(conv)
 
 

@@ -376,13 +376,6 @@ def graph_of(kind: str, conv: kernels.Conv3d, prec: kernels.Precision,
                                unpack_cells=cells)
 
 
-# The name of the rows forms where they race for a layer's few output channels
-# (``kernels.weight_rows_out_applies``, ``input_rows_out_applies``): a form of its own for
-# measured selection, since the shipped cost model was trained on rows forms of few input
-# channels alone and does not describe these (``ranking.describes``: they are always timed).
-ROWS_OUT = "rows_out"
-
-
 def _other_forms(graph: kernels.Graph, kind: str, conv: kernels.Conv3d,
                  prec: kernels.Precision, transposed: bool, target: Target
                  ) -> dict[str, kernels.Graph]:
@@ -413,7 +406,7 @@ def _other_forms(graph: kernels.Graph, kind: str, conv: kernels.Conv3d,
     stage's or small map's with its filter flipped inside its one reduction
     (``kernels.streamed_applies``: V-Net's 128 -> 128 5x5x5 layer on 4x4x4 1.13 -> 0.70 ms);
     a layer of few output channels (a segmentation head's classes) has the rows forms of
-    both gradients too (:data:`ROWS_OUT`), which pad no channel where the packed forms
+    both gradients too (``kernels.ROWS_OUT``), which pad no channel where the packed forms
     compute a block of 16 output channels (a 16 -> 3 3x3x3 layer's weight gradient 1.11 ->
     0.24 ms, input 0.61 -> 0.34)."""
     forms = {}
@@ -428,7 +421,7 @@ def _other_forms(graph: kernels.Graph, kind: str, conv: kernels.Conv3d,
         if kernels.rows_applies(conv):
             forms["rows"] = kernels.grad_weight_rows(conv, prec, names)
         if kernels.weight_rows_out_applies(conv):
-            forms[ROWS_OUT] = kernels.grad_weight_rows(conv, prec, names)
+            forms[kernels.ROWS_OUT] = kernels.grad_weight_rows(conv, prec, names)
         if kernels.outer_applies(conv):
             forms["outer"] = kernels.grad_weight_outer(conv, prec, names)
         if kernels.weight_col_applies(conv):
@@ -439,7 +432,7 @@ def _other_forms(graph: kernels.Graph, kind: str, conv: kernels.Conv3d,
         if kernels.input_rows_applies(conv):
             forms["rows"] = kernels.grad_input_rows(conv, prec)
         if kernels.input_rows_out_applies(conv):
-            forms[ROWS_OUT] = kernels.grad_input_rows(conv, prec)
+            forms[kernels.ROWS_OUT] = kernels.grad_input_rows(conv, prec)
         if kernels.temporal_rows_applies(conv):
             forms["temporal"] = kernels.grad_input(conv, prec, dense=True)
         if kernels.streamed_applies(conv):

@@ -501,13 +501,23 @@ def rows_applies(conv: Conv3d) -> bool:
 # -> 0.15, and a tie at 8 output channels (32 -> 8: 0.97 against 1.03, 64 -> 8: 0.96
 # against 0.95).
 WEIGHT_ROWS_MAX_OUT_CHANNELS = 8
-INPUT_ROWS_MAX_OUT_CHANNELS = FOLD_MAX_CHANNELS
+INPUT_ROWS_MAX_OUT_CHANNELS = 4
+# Columns of a row at least (output rows for the weight gradient, input rows for the input
+# gradient) for the rows forms of few output channels: a row of fewer fills under a quarter of a
+# 16-lane vector (X3D-M's squeeze-excitation layers, on 1x1x1 maps, raced them for nothing).
+ROWS_OUT_MIN_COLUMNS = 4
+# The name under which measured selection races the rows forms of few output channels: a form
+# of its own, since the shipped cost model was trained on rows forms of few input channels
+# alone and does not describe these (``ranking.describes``: they are always timed).
+ROWS_OUT = "rows_out"
 
 
 def few_output_channels(conv: Conv3d, most: int) -> bool:
     """Whether ``conv`` has no groups, at most ``most`` output channels and more input
-    channels than :func:`few_channels` (a layer of few of both has the rows forms already)."""
-    return conv.groups == 1 and conv.cout <= most and not few_channels(conv)
+    channels than :func:`few_channels` (a layer of few of both has the rows forms already),
+    and rows of at least ``ROWS_OUT_MIN_COLUMNS`` columns (dy's and dX's)."""
+    return (conv.groups == 1 and conv.cout <= most and not few_channels(conv)
+            and min(conv.out_spatial[2], conv.in_spatial[2]) >= ROWS_OUT_MIN_COLUMNS)
 
 
 def weight_rows_out_applies(conv: Conv3d) -> bool:
@@ -1340,7 +1350,7 @@ def schedule(sch, graph: Graph, target: Target, knobs=None):
     return sch
 
 
-# The forms of few input channels (``grad_weight_rows``, ``grad_input_rows``).
+# The forms of few input or output channels (``grad_weight_rows``, ``grad_input_rows``).
 ROWS_OPS = (FILTER_ROWS_OP, INPUT_ROWS_OP)
 
 
@@ -1393,10 +1403,11 @@ def selection_forms(graph: Graph, target: Target,
     forms = [Form(name, prim_func(g), scheduler(g), alternative_candidates(g, target) + one_of(g))
              for name, g in (alternatives or {}).items()]
     own = candidates(graph.op, target)
-    if any(g.op in ROWS_OPS for g in (alternatives or {}).values()):
-        # Beside a rows form the packed form races with its rule's default alone: its other
-        # tiles lost to the rows form by 1.5-10x on every stem of the network suite, and each
-        # costs a compile (a video stem's first build took 8-10 s with them).
+    if any(g.op in ROWS_OPS and name != ROWS_OUT for name, g in (alternatives or {}).items()):
+        # Beside a rows form of few input channels the packed form races with its rule's
+        # default alone: its other tiles lost to the rows form by 1.5-10x on every stem of the
+        # network suite, and each costs a compile (a video stem's first build took 8-10 s with
+        # them). Beside the rows forms of few output channels it keeps them (not measured so).
         own = [None]
     return [Form("", prim_func(graph), scheduler(graph), own + one_of(graph)), *forms]
 
