@@ -496,9 +496,9 @@ def rows_applies(conv: Conv3d) -> bool:
 # the input gradient's reduction), 8 or more of them zeros. A segmentation head's few
 # classes; measured on layers outside the network suite (Zen 4, kernels alone, best of both
 # widths): weight 16 -> 3 3x3x3 on 16x32x32 1.11 -> 0.24 ms, 64 -> 1 on 8x32x32 1.87 ->
-# 0.29, 64 -> 4 on 8x14x14 0.41 -> 0.14, 32 -> 8 on 16x28x28 1.48 -> 0.98 (10-12 output
-# channels: 1.05 against 1.37, 0.97 against 1.33, 1.01 against 0.96; 64 -> 16: 1.25 against
-# 1.79; hence the bound); input 16 -> 3 0.61 -> 0.34, 64 -> 1 1.15 -> 0.40, 64 -> 4 0.34
+# 0.29, 64 -> 4 on 8x14x14 0.41 -> 0.14, 32 -> 8 on 16x28x28 1.48 -> 0.98 (with 10-12 output
+# channels the packed form 1.05, 0.97, 1.01 ms against rows 1.37, 1.33, 0.96; 64 -> 16: 1.25
+# against 1.79; hence the bound); input 16 -> 3 0.61 -> 0.34, 64 -> 1 1.15 -> 0.40, 64 -> 4 0.34
 # -> 0.15, and a tie at 8 output channels (32 -> 8: 0.97 against 1.03, 64 -> 8: 0.96
 # against 0.95).
 WEIGHT_ROWS_MAX_OUT_CHANNELS = 8
