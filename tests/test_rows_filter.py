@@ -205,41 +205,40 @@ def test_the_operator_races_it_on_a_depthwise_layer(measuring):
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
 
 
+def _through_operator(seed: int, shapes, common: dict, kinds, form: str):
+    """dy, x and w of ``shapes`` (random, seeded) through ``convolution_backward`` from an
+    empty cache: asserts that each gradient of ``kinds`` timed candidates of ``form``; the
+    gradients and NumPy's (float64), in the operator's order."""
+    from tbe_like.testing import reference as ref
+
+    rng = np.random.default_rng(seed)
+    dy, x, w = (rng.standard_normal(shape).astype(np.float32) for shape in shapes)
+    executor = ops.prepare_convolution_backward(dy, x, w, bias_sizes=None, **common)
+    for kind in kinds:
+        times = executor.kernels[kind].metadata["para_dict"]["selection"]["times_ms"]
+        assert any(name.startswith(f"{form}: ") for name in times), (kind, times)
+    want = ref.convolution_backward(*(a.astype(np.float64) for a in (dy, x, w)), **common)
+    return executor(dy, x, w), want
+
+
 def test_the_operator_races_it_on_a_transposed_grouped_layer(measuring):
     """A transposed layer of 4 groups (its weight gradient is a grouped one of 3 channels per
     group) from an empty cache: the selection timed the rows form, and the weight gradient
     equals NumPy's."""
-    from tbe_like.testing import reference as ref
-
-    rng = np.random.default_rng(11)
-    x, w, dy = (rng.standard_normal(shape).astype(np.float32)
-                for shape in ((2, 8, 3, 6, 7), (8, 3, 3, 3, 3), (2, 12, 3, 12, 14)))
     common = dict(stride=[1, 2, 2], padding=[1, 1, 1], dilation=[1, 1, 1], transposed=True,
                   output_padding=[0, 1, 1], groups=4, output_mask=(False, True, False))
-    executor = ops.prepare_convolution_backward(dy, x, w, bias_sizes=None, **common)
-    times = executor.kernels["grad_weight"].metadata["para_dict"]["selection"]["times_ms"]
-    assert any(name.startswith("rows: ") for name in times), times
-    want = ref.convolution_backward(*(a.astype(np.float64) for a in (dy, x, w)), **common)[1]
-    got = executor(dy, x, w)[1]
-    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
+    got, want = _through_operator(11, ((2, 12, 3, 12, 14), (2, 8, 3, 6, 7), (8, 3, 3, 3, 3)),
+                                  common, ("grad_weight",), "rows")
+    np.testing.assert_allclose(got[1], want[1], rtol=0, atol=2e-5 * np.abs(want[1]).max())
 
 
 def test_the_operator_races_both_rows_forms_on_a_layer_of_few_output_channels(measuring):
     """A 20 -> 3 layer (a segmentation head) through ``convolution_backward`` from an empty
     cache: the selection timed both gradients' rows forms, and whichever won, both gradients
     equal NumPy's."""
-    from tbe_like.testing import reference as ref
-
-    rng = np.random.default_rng(12)
-    x, w, dy = (rng.standard_normal(shape).astype(np.float32)
-                for shape in ((2, 20, 3, 7, 9), (3, 20, 3, 3, 3), (2, 3, 3, 7, 9)))
     common = dict(stride=[1, 1, 1], padding=[1, 1, 1], dilation=[1, 1, 1], transposed=False,
                   output_padding=[0, 0, 0], groups=1, output_mask=(True, True, False))
-    executor = ops.prepare_convolution_backward(dy, x, w, bias_sizes=None, **common)
-    for kind in ("grad_input", "grad_weight"):
-        times = executor.kernels[kind].metadata["para_dict"]["selection"]["times_ms"]
-        assert any(name.startswith(f"{ROWS_OUT}: ") for name in times), (kind, times)
-    want = ref.convolution_backward(*(a.astype(np.float64) for a in (dy, x, w)), **common)
-    got = executor(dy, x, w)
+    got, want = _through_operator(12, ((2, 3, 3, 7, 9), (2, 20, 3, 7, 9), (3, 20, 3, 3, 3)),
+                                  common, ("grad_input", "grad_weight"), ROWS_OUT)
     for g, r in zip(got[:2], want[:2], strict=True):
         np.testing.assert_allclose(g, r, rtol=0, atol=2e-5 * np.abs(r).max())
