@@ -82,7 +82,7 @@ def schedule(sch, p: RowsInputParams, target, knobs: Heuristic | None = None):
         n, ci, d, h, c, co, td, th, tw = loops
         registers = vector_registers(target)
         if p.group_cin:
-            tile, v = p.group_cin, vectors(p.group_cin, columns, lanes, registers)
+            v = vectors(p.group_cin, columns, lanes, registers)
         else:
             tile, v = channel_tile(p.cin, columns, lanes, registers)
         c_o, c_v, lane = sch.split(c, [None, v, lanes])
