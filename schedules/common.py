@@ -231,20 +231,21 @@ def flatten_init(sch, init, lanes: int, outer: int = 1) -> None:
     sch.vectorize(inner)
 
 
-def schedule_winograd_transform(sch, name: str, block: int, target, point: int = 4) -> None:
+def schedule_winograd_transform(sch, name: str, block: int, target, point: int = 4,
+                                outer: int = 2) -> None:
     """A Winograd transform stage with loops (a, b, c, d, tile, channels) and the point loop at
-    index ``point``: parallel over (a, b), the points of a tile unrolled (they share its
-    reads), the channels vectorized in blocks of at most ``block`` (dy's 128 channels as one
-    vector per point were 5900 instructions and 4 s of code generation for a ResNet3D weight
-    gradient)."""
+    index ``point``: parallel over its ``outer`` first loops ((a, b) by default), the points of
+    a tile unrolled (they share its reads), the channels vectorized in blocks of at most
+    ``block`` (dy's 128 channels as one vector per point were 5900 instructions and 4 s of
+    code generation for a ResNet3D weight gradient)."""
     stage = sch.get_sblock(name)
     loops = list(sch.get_loops(stage))
     e = loops.pop(point)
     a, b, c, d, t, lanes = loops
     width = int(sch.get(lanes).extent)
-    outer, lanes = sch.split(lanes, [None, block if width % block == 0 else width])
-    sch.reorder(a, b, c, d, outer, t, e, lanes)
-    parallel(sch, [a, b], target)
+    chunks, lanes = sch.split(lanes, [None, block if width % block == 0 else width])
+    sch.reorder(a, b, c, d, chunks, t, e, lanes)
+    parallel(sch, [a, b, c, d][:outer], target)
     sch.unroll(e)
     sch.vectorize(lanes)
 

@@ -47,11 +47,13 @@ def _is_reduction(sch, block) -> bool:
 
 # Winograd transforms read each input value several times and gather C0 channels: reading the
 # user's NCDHW array directly, a C0 vector is 16 loads D*H*W apart.
-_WINOGRAD_TRANSFORMS = (stages.DX_WINO_DY, stages.DW_WINO_X, stages.DW_WINO_DY)
+_WINOGRAD_TRANSFORMS = (stages.DX_WINO_DY, stages.DW_WINO_X, stages.DW_WINO_DY,
+                        stages.DW_WINO_D_X, stages.DW_WINO_D_DY)
 
 
-# The transforms whose parallel loop is (n, d plane): one plane of their packed input each.
-_PER_PLANE = (stages.DX_WINO_DY, stages.DW_WINO_X)
+# The transforms whose parallel loop is (n, d plane), or (n, channel block) along D: one plane
+# or block of their packed input each.
+_PER_PLANE = (stages.DX_WINO_DY, stages.DW_WINO_X, stages.DW_WINO_D_X)
 
 
 def _is_winograd(sch, block) -> bool:

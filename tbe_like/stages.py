@@ -16,6 +16,9 @@ DW_RES = "dw_res"  # the result in FRACTAL_Z_3D, cross-group and padded cells ze
 # Winograd F(m,3) along W (CPU kernels): x and dy transformed, float32
 DW_WINO_X = "dw_wino_x"  # (N, Dp, Cin1, Hp, m+2, tiles, C0): BT of the padded x
 DW_WINO_DY = "dw_wino_dy"  # (G, N, Do, Ho, m+2, tiles, cout_g): A of dy
+# Winograd F(m,3) along D (CPU kernels, a form raced where W has no 3 taps at stride 1)
+DW_WINO_D_X = "dw_wino_d_x"  # (N, Cin1, tiles, Hp, m+2, Wp, C0): BT of the padded x's rows
+DW_WINO_D_DY = "dw_wino_d_dy"  # (G, N, tiles, Ho, m+2, Wo, cout_g): A of dy's rows
 
 # The weight gradient of a 1x1x1 convolution as dot products over positions (CPU kernels of
 # tbe_like.ops, ``kernels.grad_weight_dot``), on the user's NCDHW arrays

@@ -173,9 +173,11 @@ def schedule(sch, p: BackpropFilterParams, target,
     and the kw tile drawn with ``sample_perfect_tile``, the reduction's parallel chunks with
     ``sample_categorical``)."""
     sch.compute_inline(sch.get_sblock(stages.DW_DY_MATRIX))
-    winograd = stages.DW_WINO_X in block_names(sch)
-    if winograd:
-        _schedule_winograd(sch, p.geometry.c0, target)
+    names = block_names(sch)
+    winograd = stages.DW_WINO_X in names  # along W: a point for kw, a tile for wo
+    along_d = stages.DW_WINO_D_X in names  # along D: a point for kd, a tile for do
+    if winograd or along_d:
+        _schedule_winograd(sch, p.geometry.c0, target, along_d)
     else:
         sch.compute_inline(sch.get_sblock(stages.DW_FMAP_COL))
 
@@ -193,7 +195,7 @@ def schedule(sch, p: BackpropFilterParams, target,
         if not isinstance(knobs, Knobs):
             h = knobs or Heuristic(vector_lanes(target))
             rows = int(sch.get(ho).extent)
-            steps = None if winograd else reduction * rows * int(sch.get(wo).extent)
+            steps = None if winograd or along_d else reduction * rows * int(sch.get(wo).extent)
             knobs = default_knobs(p, h.lanes, num_threads(target), result, reduction,
                                   int(sch.get(kw).extent), h.split_k, rows, steps, h.whole)
         _check_divides(sch, knobs, co, kw, ho, ci1)
@@ -228,7 +230,7 @@ def schedule(sch, p: BackpropFilterParams, target,
         parallel(sch, [grp, co_p, k_o], target)
         sch.vectorize(sch.get_loops(sch.get_sblock(stages.DW_MAD))[-1])  # adds the partials
         first = nd
-        if not winograd:
+        if not (winograd or along_d):
             # Each task pads the planes of its own (n, do) step, and packs their dy: neither
             # is written out whole and read back (the task's slice stays in cache), and the
             # kernel wakes the thread pool once, not for every stage (a 2D 4x4 patch
@@ -244,7 +246,7 @@ def schedule(sch, p: BackpropFilterParams, target,
     else:
         parallel(sch, [grp, co_p], target)
         first = n
-        if not winograd:
+        if not (winograd or along_d):
             fuse_parallel_vectorize(sch, stages.DW_FMAP_PAD, 2, target)
     # The register tile of the reduction. After ``rfactor`` the split loops' handles name the
     # loops of the block that adds the partials, not of ``dw_mad_rf``: the tile's loops are
@@ -267,7 +269,10 @@ def schedule(sch, p: BackpropFilterParams, target,
         # result, read and wrote it again to unpack it, and took 1.1 ms (PyTorch 0.18 ms);
         # unpacked per step, 0.12 ms (Zen 4).
         sch.annotate(kh, UNPACK_AT, 1)
-    _skip_padding(sch, mad, p, winograd, kw_i)
+    if along_d:  # its H padding (D's is transformed)
+        skip_padding(sch, mad, stages.DW_WINO_D_X, (3,))
+    else:
+        _skip_padding(sch, mad, p, winograd, kw_i)
     return sch
 
 
@@ -324,11 +329,16 @@ def _rows(sch, ho, wo) -> int:
     return max(d for d in divisors(height) if d == 1 or d * width <= ROW_STEPS)
 
 
-def _schedule_winograd(sch, c0: int, target) -> None:
+def _schedule_winograd(sch, c0: int, target, along_d: bool = False) -> None:
     """The transforms of x (the padding inlined: its only reader) and of dy: parallel over
     their two outer axes, the points of a tile unrolled (their reads shared), the channels
     vectorized. The reduction then has the direct form's loops, a point in place of kw and a
-    tile in place of wo."""
+    tile in place of wo (``along_d``: of kd and do). Along D, dy's transform is parallel over
+    its tiles and rows too: its two outer axes are the group and the batch, often 1 x 1."""
     sch.compute_inline(sch.get_sblock(stages.DW_FMAP_PAD))
+    if along_d:
+        schedule_winograd_transform(sch, stages.DW_WINO_D_X, c0, target)
+        schedule_winograd_transform(sch, stages.DW_WINO_D_DY, c0, target, outer=4)
+        return
     for name in (stages.DW_WINO_X, stages.DW_WINO_DY):
         schedule_winograd_transform(sch, name, c0, target)

@@ -20,6 +20,13 @@ kernels of ``tbe_like.ops``): ``dw_wino_x`` transforms the padded x (``BT``, m+2
 tile of m output columns), ``dw_wino_dy`` transforms dy (``A``), ``dw_mad`` reduces each point
 over (n, do, ho, tiles) and ``dw_res`` applies ``G`` (see ``compute.winograd``): m+2
 multiply-adds per m columns and tap row instead of 3m. There is no column stage.
+
+**Winograd F(m,3) along D** (``winograd_axis=0``; stride 1 and 3 taps in D: a temporal
+(3, 1, 1) layer, whose W has no taps to transform): the same identity on tiles of m output
+rows along D. ``dw_wino_d_x`` transforms the padded x's D rows, ``dw_wino_d_dy`` dy's,
+``dw_mad`` has a point where the direct form has its kd tap and a tile where it has do, and
+``dw_res`` applies ``G`` along kd: on a 4-frame clip (one F(4,3) tile) 6 multiply-adds per
+(co, ci, h, w) instead of 12.
 """
 
 from __future__ import annotations
@@ -37,13 +44,15 @@ def _tag(stage: str) -> str:
     return stages.tag(FILTER_OP, stage)
 
 
-def _fmap_pad(x: te.Tensor, p: BackpropFilterParams, out_w: int | None = None) -> te.Tensor:
-    """``out_w``: the output columns to cover (default Wo; Winograd tiles may reach past it)."""
+def _fmap_pad(x: te.Tensor, p: BackpropFilterParams, out: tuple[int, ...] | None = None
+              ) -> te.Tensor:
+    """``out``: the output rows (D, H, W) to cover (default the output's; Winograd tiles may
+    reach past them)."""
     geo, g = p.geometry, p.geometry.group
     n, _, cin1, _, _, c0 = p.x_shape
     front, top, left = geo.pads_before
     d_in, h_in, w_in = geo.in_spatial
-    out = (*geo.out_spatial[:2], geo.out_spatial[2] if out_w is None else out_w)
+    out = geo.out_spatial if out is None else out
     # Only the rows the kernel reaches: the trailing pad beyond them is never read.
     ext = [(o - 1) * s + (k - 1) * d + 1 for o, s, k, d in
            zip(out, geo.strides, geo.kernel, geo.dilations, strict=True)]
@@ -110,11 +119,12 @@ def _mad(col: te.Tensor, dy_mat: te.Tensor, p: BackpropFilterParams) -> te.Tenso
     return te.compute(shape, body, name=stages.DW_MAD, tag=_tag("mad"))
 
 
-def _winograd(p: BackpropFilterParams, winograd: bool | int) -> Winograd | None:
+def _winograd(p: BackpropFilterParams, winograd: bool | int, axis: int = 2
+              ) -> Winograd | None:
     geo = p.geometry
-    if not winograd or geo.strides[2] != 1 or geo.kernel[2] != 3:
+    if not winograd or geo.strides[axis] != 1 or geo.kernel[axis] != 3:
         return None
-    return choose(winograd, geo.out_spatial[2], geo.dilations[2], FILTER_OP)
+    return choose(winograd, geo.out_spatial[axis], geo.dilations[axis], FILTER_OP)
 
 
 def _winograd_x(x_pad: te.Tensor, wino: Winograd, s: int, tiles: int) -> te.Tensor:
@@ -170,6 +180,69 @@ def _mad_winograd(v: te.Tensor, u: te.Tensor, p: BackpropFilterParams) -> te.Ten
     return te.compute(shape, body, name=stages.DW_MAD, tag=_tag("mad"))
 
 
+def _winograd_d_x(x_pad: te.Tensor, wino: Winograd, s: int, tiles: int) -> te.Tensor:
+    """``(N, C1, tiles, Hp, m+2, Wp, C0)`` float32: BT of the m+2 padded x rows (D) of a
+    tile."""
+    n, _, c1, h, w, c0 = (int(v) for v in x_pad.shape)
+
+    def body(nn, cb, t, hh, e, ww, cc):
+        x = [x_pad[nn, tile_base(t, wino.m, s) + k * s, cb, hh, ww, cc].astype(ACC_DTYPE)
+             for k in range(wino.points)]
+        return pick(e, [combine(row, x) for row in wino.bt])
+
+    # Transformed along D only: zero in the padded x's H padding as x_pad is.
+    rows = {axis: span for axis, span in declared_rows(x_pad).items() if axis == 3}
+    return te.compute((n, c1, tiles, h, wino.points, w, c0), body, name=stages.DW_WINO_D_X,
+                      tag=_tag("wino_d_x"), attrs=source_rows(rows))
+
+
+def _winograd_d_dy(dy_mat: te.Tensor, wino: Winograd, s: int, tiles: int) -> te.Tensor:
+    """``(G, N, tiles, Ho, m+2, Wo, cout_g)`` float32: A of the m dy rows (D) of a tile, zero
+    past Do."""
+    g, n, do, ho, wo, cout = (int(v) for v in dy_mat.shape)
+    zero = tirx.const(0, ACC_DTYPE)
+
+    def body(grp, nn, t, hh, e, ww, co):
+        rows = [tile_base(t, wino.m, s) + j * s for j in range(wino.m)]
+        y = [tirx.if_then_else(r < do, dy_mat[grp, nn, tirx.min(r, do - 1), hh, ww, co]
+                               .astype(ACC_DTYPE), zero) for r in rows]
+        return pick(e, [combine([row[e_] for row in wino.at], y)
+                        for e_ in range(wino.points)])
+
+    return te.compute((g, n, tiles, ho, wino.points, wo, cout), body, name=stages.DW_WINO_D_DY,
+                      tag=_tag("wino_d_dy"))
+
+
+def _mad_winograd_d(v: te.Tensor, u: te.Tensor, p: BackpropFilterParams) -> te.Tensor:
+    """M: ``(G, m+2, cin1_g, kh, kw, cout_g, C0)``, each point reduced over (n, t, ho, wo):
+    the direct form's reduction with a point for kd and a tile for do."""
+    geo, g = p.geometry, p.geometry.group
+    (_, sh, sw), (_, dh, dw) = geo.strides, geo.dilations
+    _, kh, kw = geo.kernel
+    tiles, points = int(u.shape[2]), int(u.shape[4])
+    rn = te.reduce_axis((0, geo.batch), name="n")
+    rt = te.reduce_axis((0, tiles), name="t")
+    rh = te.reduce_axis((0, geo.out_spatial[1]), name="ho")
+    rw = te.reduce_axis((0, geo.out_spatial[2]), name="wo")
+    shape = (g.real_g, points, g.cin1_g, kh, kw, g.cout_g, geo.c0)
+
+    def body(grp, e, ci1, i_kh, i_kw, co, ci0):
+        a = u[grp, rn, rt, rh, e, rw, co]
+        b = v[rn, grp * g.cin1_g + ci1, rt, rh * sh + i_kh * dh, e, rw * sw + i_kw * dw, ci0]
+        return te.sum(a * b, axis=[rn, rt, rh, rw])
+
+    return te.compute(shape, body, name=stages.DW_MAD, tag=_tag("mad"))
+
+
+def _winograd_d_taps(mad: te.Tensor, wino: Winograd):
+    """``read(grp, kd, ci1, kh, kw, co, ci0)``: tap ``kd`` = sum_e G[e][kd] * M_e."""
+    def read(grp, i_kd, ci1, i_kh, i_kw, co, ci0):
+        points = [mad[grp, e, ci1, i_kh, i_kw, co, ci0] for e in range(wino.points)]
+        return pick(i_kd, [combine([row[k] for row in wino.g], points) for k in range(3)])
+
+    return read
+
+
 def _winograd_taps(mad: te.Tensor, wino: Winograd):
     """``read(grp, kd, ci1, kh, kw, co, ci0)``: tap ``kw`` = sum_e G[e][kw] * M_e."""
     def read(grp, i_kd, ci1, i_kh, i_kw, co, ci0):
@@ -203,8 +276,8 @@ def _result(acc, p: BackpropFilterParams, attrs: dict | None) -> te.Tensor:
 
 
 def conv3d_backprop_filter(x: te.Tensor, dy: te.Tensor, p: BackpropFilterParams,
-                           attrs: dict | None = None, winograd: bool | int = False
-                           ) -> te.Tensor:
+                           attrs: dict | None = None, winograd: bool | int = False,
+                           winograd_axis: int = 2) -> te.Tensor:
     """dW in FRACTAL_Z_3D with groups, shape ``p.out_shape`` and dtype ``p.res_dtype``.
 
     Parameters
@@ -220,16 +293,28 @@ def conv3d_backprop_filter(x: te.Tensor, dy: te.Tensor, p: BackpropFilterParams,
     winograd : bool or int
         Compute W with Winograd F(m,3) where it applies (stride 1 and 3 taps along W): True
         picks m as ``compute.winograd.choose`` does, 2 or 4 fixes it. Its stages are float32.
+    winograd_axis : int
+        The axis Winograd transforms: 2 (W) or 0 (D, the same where D has 3 taps at stride 1).
     """
-    wino = _winograd(p, winograd)
+    if winograd_axis not in (0, 2):
+        raise ValueError(f"{FILTER_OP}: winograd_axis must be 0 (D) or 2 (W), got "
+                         f"{winograd_axis!r}")
+    wino = _winograd(p, winograd, winograd_axis)
     if wino is None:
         col = _fmap_col(_fmap_pad(x, p), p)
         mad = _mad(col, _dy_matrix(dy, p), p)
         return _result(lambda *i: mad[i], p, attrs)
-    s = p.geometry.dilations[2]
-    tiles = winograd_tiles(p.geometry.out_spatial[2], wino.m, s)
-    v = _winograd_x(_fmap_pad(x, p, out_w=tiles * wino.m), wino, s, tiles)
-    u = _winograd_dy(_dy_matrix(dy, p), wino, s, tiles)
+    out = list(p.geometry.out_spatial)
+    s = p.geometry.dilations[winograd_axis]
+    tiles = winograd_tiles(out[winograd_axis], wino.m, s)
+    out[winograd_axis] = tiles * wino.m
+    x_pad, dy_mat = _fmap_pad(x, p, out=tuple(out)), _dy_matrix(dy, p)
+    if winograd_axis == 0:
+        v = _winograd_d_x(x_pad, wino, s, tiles)
+        u = _winograd_d_dy(dy_mat, wino, s, tiles)
+        return _result(_winograd_d_taps(_mad_winograd_d(v, u, p), wino), p, attrs)
+    v = _winograd_x(x_pad, wino, s, tiles)
+    u = _winograd_dy(dy_mat, wino, s, tiles)
     return _result(_winograd_taps(_mad_winograd(v, u, p), wino), p, attrs)
 
 
@@ -237,7 +322,7 @@ def conv3d_backprop_filter_cells(res: te.Tensor) -> te.Tensor | None:
     """The float32 accumulator ``(real_g, kd, cin1_g, kh, kw, cout_g, C0)`` that the result
     ``res`` of :func:`conv3d_backprop_filter` reads cell by cell (the direct form's
     ``dw_mad``); None for the Winograd form, whose cells combine several accumulators."""
-    if stages.DW_WINO_X in stages.stage_names(res):  # its dw_mad holds Winograd points
+    if stages.stage_names(res) & {stages.DW_WINO_X, stages.DW_WINO_D_X}:  # Winograd points
         return None
     (mad,) = res.op.input_tensors
     assert mad.op.name == stages.DW_MAD and len(mad.shape) == 7, mad

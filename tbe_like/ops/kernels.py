@@ -208,7 +208,8 @@ def winograd_on(target: Target) -> bool:
 
 def uses_winograd(graph: Graph) -> bool:
     """Whether a kernel computes through Winograd transforms (one of its stages is one)."""
-    return bool(stages.stage_names(graph.output) & {stages.DW_WINO_X, stages.DX_WINO_DY})
+    return bool(stages.stage_names(graph.output)
+                & {stages.DW_WINO_X, stages.DW_WINO_D_X, stages.DX_WINO_DY})
 
 
 def grad_input(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "grad_input"),
@@ -314,16 +315,18 @@ def forward(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "grad
 
 def grad_weight(conv: Conv3d, prec: Precision, names=("input", "grad_output", "grad_weight"),
                 channels_last: bool = False, out_layout=None, x_spatial=None,
-                winograd: bool | int = False, unpack_cells: bool = False) -> Graph:
+                winograd: bool | int = False, unpack_cells: bool = False,
+                winograd_axis: int = 2) -> Graph:
     """dW of ``conv``: ``(x (N, cin, ...), dy (N, cout, ...)) -> (cout, cin/g, k...)``.
 
     ``channels_last`` takes x and dy as ``(N, D, H, W, C)``; ``out_layout`` is
     ``(shape, index, name)`` for another result layout (see ``unpack_filter_gradient``);
     ``x_spatial`` is the spatial shape of the x array when the convolution reads only its
     leading ``conv.in_spatial`` rows. ``winograd``: Winograd F(m,3) along W where it applies
-    (``compute.conv3d_backprop_filter``). ``unpack_cells``: the result layout reads the direct
-    form's accumulator itself, not the FRACTAL_Z_3D result (the CPU rule can then unpack it in
-    steps of the reduction; the CUDA template folds the fractal stage into its write-back).
+    (``compute.conv3d_backprop_filter``), along D with ``winograd_axis`` 0. ``unpack_cells``:
+    the result layout reads the direct form's accumulator itself, not the FRACTAL_Z_3D result
+    (the CPU rule can then unpack it in steps of the reduction; the CUDA template folds the
+    fractal stage into its write-back).
     """
     def nd(shape):
         return (shape[0], *shape[2:], shape[1]) if channels_last else shape
@@ -350,7 +353,8 @@ def grad_weight(conv: Conv3d, prec: Precision, names=("input", "grad_output", "g
         _geometry(core, group, core.batch, core.in_spatial, core.out_spatial),
         tuple(int(s) for s in x6.shape), tuple(int(s) for s in dy6.shape), cd, ACC_DTYPE,
         names[2], {})
-    res = compute.conv3d_backprop_filter(x6, dy6, p, winograd=winograd)
+    res = compute.conv3d_backprop_filter(x6, dy6, p, winograd=winograd,
+                                         winograd_axis=winograd_axis)
     live = None
     if out_layout is None:
         shape, index, layout = full, (lambda co, ci, a, b, c: (co, ci, a - ta, b - tb, c - tc)), \
@@ -473,6 +477,33 @@ ROWS_LANES = 16
 # (ResNeXt's 8 per group, 256 channels on 8x14x14, Zen 4: weight 1.15 -> 0.97 ms, input 1.23 ->
 # 0.99; 6 per group: 2.05 -> 0.56 and 1.76 -> 0.65.)
 GROUP_ROWS_MAX_CHANNELS = 8
+
+
+# The form of a weight gradient computed with Winograd F(m,3) along D (:func:`winograd_d_applies`)
+# in measured selection, a name the shipped cost model does not describe: always timed.
+WINOGRAD_D = "winograd_d"
+# Output rows (D) at least for :func:`winograd_d_applies`: on 2 rows one F(2,3) tile takes 4
+# multiply-adds per (co, ci, h, w), as many as the direct form's live taps (D's padding
+# skipped); on 4, one F(4,3) tile takes 6 against 10.
+WINOGRAD_D_MIN_ROWS = 4
+
+
+def winograd_d_applies(conv: Conv3d) -> bool:
+    """Whether the weight gradient of ``conv`` races a form computed with Winograd F(m,3)
+    along D (``compute.conv3d_backprop_filter``'s ``winograd_axis=0``): 3 live taps in D at
+    stride 1 over at least ``WINOGRAD_D_MIN_ROWS`` output rows, where W takes no Winograd of
+    its own (a temporal (3, 1, 1) layer), without groups and with a block (``C0``) of
+    channels on either side (fewer are the rows forms' layers). Zen 4, kernels alone, fastest
+    candidate of either form, layers of neither benchmark half: 128 -> 128 (3,1,1) on 8x14x14
+    0.72 -> 0.53 ms, 64 -> 64 on 16x28x28 1.57 -> 1.13, 512 -> 512 on 4x7x7 1.36 -> 1.26, a
+    3x3x3 layer at stride (1, 2, 2) 1.59 -> 1.10; 96 -> 32 on 6x14x14 lost (0.14 against
+    0.19: its transforms are most of a small kernel), hence the race."""
+    core = (live_taps(conv) or (None, conv))[1]
+    return (core.kernel[0] == 3 and core.strides[0] == 1
+            and core.out_spatial[0] >= WINOGRAD_D_MIN_ROWS
+            and not (core.kernel[2] == 3 and core.strides[2] == 1)
+            and core.groups == 1 and min(core.cin, core.cout) >= C0
+            and tap_fold(core) is None)
 
 
 def few_channels(conv: Conv3d) -> bool:
@@ -1365,6 +1396,8 @@ def alternative_candidates(graph: Graph, target: Target) -> list:
     if graph.op in (FILTER_DOT_OP, FILTER_OUTER_OP, FILTER_COL_OP, INPUT_COL_OP,
                     *ROWS_OPS):  # both widths
         return candidates(graph.op, target)
+    if graph.op == FILTER_OP and uses_winograd(graph):  # along D: both widths, split K or not
+        return [k for k in candidates(graph.op, target) if not k.whole]
     if graph.rows_only:  # both widths, row by row
         return [k for k in candidates(graph.op, target) if getattr(k, "rows", None)]
     if graph.streamed:

@@ -1,0 +1,192 @@
+"""The weight gradient with Winograd F(2,3) and F(4,3) along D (``winograd_axis=0`` of
+``compute.conv3d_backprop_filter``): a temporal layer's form in measured selection
+(``kernels.winograd_d_applies``, ``kernels.WINOGRAD_D``).
+
+Every knob set the packed rule can take (its candidates for both widths, fixed tiles, the
+search space at fixed seeds) is built under the bounds proof and checked against the NumPy
+reference in float64, on clips the tiles do not cover evenly (5 and 7 rows), with dilation in
+D, no D padding, H and W taps and padding beside D's, a batch of 2, padded channel blocks and
+half precisions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import NP_DTYPES, RTOL, conv3d, stage_names, tiered
+from tbe_like.schedules import candidates
+from tbe_like.schedules.common import SAMPLE
+from tbe_like.schedules.llvm import conv3d_backprop_filter as dw_rule
+
+from tbe_like import stages
+from tbe_like._tvm import IRModule, s_tir, tvm
+from tbe_like.bounds import compile_checked
+from tbe_like.ops import kernels
+from tbe_like.target import host_target
+from tbe_like.testing import reference as ref
+
+TARGET = host_target()
+F32 = kernels.Precision("float32", "float32")
+
+CASES = {
+    "temporal-4": conv3d(1, 32, (4, 5, 6), 16, (3, 1, 1), pad=(1, 0, 0)),
+    "temporal-odd-5": conv3d(2, 20, (5, 3, 4), 24, (3, 1, 1), pad=(1, 0, 0)),
+    "dilated2-7": conv3d(1, 16, (7, 3, 3), 32, (3, 1, 1), pad=(2, 0, 0), dil=(2, 1, 1)),
+    "no-d-padding": conv3d(1, 16, (6, 4, 4), 16, (3, 1, 1), pad=0),
+    "h-taps-w-stride2": conv3d(1, 16, (4, 5, 9), 16, (3, 3, 3), stride=(1, 1, 2), pad=1),
+}
+# Fixed tiles beside the rule's candidates: one cell, every input-channel block in the tile,
+# the reduction split in 3 (need not divide it), every row inside the tile.
+TILES = {
+    "tile-1x1": dw_rule.Knobs(co_par=1, co_tile=1, kw_tile=1),
+    "split-k-3": dw_rule.Knobs(co_par=1, co_tile=1, kw_tile=1, k_par=3),
+    "ci-all": "ci-all",
+    "inner-2": "inner-2",
+}
+
+
+def _graph(conv, m, prec=F32):
+    return kernels.grad_weight(conv, prec, winograd=m, winograd_axis=0)
+
+
+def _extent(graph, index: int) -> int:
+    sch = s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)}))
+    return int(sch.get(sch.get_loops(sch.get_sblock(stages.DW_MAD))[index]).extent)
+
+
+def _knob_sets(graph) -> dict:
+    sets = {str(h): h for h in candidates(graph.op, TARGET)}
+    for name, knobs in TILES.items():
+        if knobs == "ci-all":
+            knobs = dw_rule.Knobs(co_par=1, co_tile=1, kw_tile=1, ci_tile=_extent(graph, 2))
+        elif knobs == "inner-2":
+            knobs = dw_rule.Knobs(co_par=1, co_tile=1, kw_tile=1, ho_tile=_extent(graph, 9),
+                                  inner=2)
+        sets[name] = knobs
+    return sets
+
+
+def _run(graph, knobs, arrays, seed=None):
+    sch = s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)}),
+                         **({} if seed is None else {"seed": seed}))
+    sch = kernels.schedule(sch, graph, TARGET, knobs)
+    fn = compile_checked(sch.mod, TARGET)["main"]
+    dev = tvm.cpu()
+    out = tvm.runtime.empty(list(graph.result_shape()), str(graph.output.dtype), dev)
+    fn(*[tvm.runtime.tensor(a, dev) for a in arrays], out)
+    return out.numpy()
+
+
+def _inputs(graph, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal([int(v) for v in t.shape]).astype(NP_DTYPES[str(t.dtype)])
+            for t in graph.inputs]
+
+
+def _expected(conv, arrays):
+    x, dy = (a.astype(np.float64) for a in arrays)
+    return ref.convolution_backward(
+        dy, x, np.zeros(conv.w_shape), stride=list(conv.strides),
+        padding=[conv.pads[0], conv.pads[2], conv.pads[4]], dilation=list(conv.dilations),
+        transposed=False, output_padding=[0, 0, 0], groups=conv.groups,
+        output_mask=(False, True, False))[1]
+
+
+def _check(got, want, dtype="float32"):
+    scale = max(np.abs(want).max(), 1e-30)
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=0, atol=RTOL[dtype] * scale)
+
+
+def test_the_stages_transform_d():
+    names = stage_names(_graph(CASES["temporal-4"], True).output)
+    assert {stages.DW_WINO_D_X, stages.DW_WINO_D_DY} <= names
+    assert not {stages.DW_WINO_X, stages.DW_FMAP_COL} & names
+    # Where D has no 3 taps at stride 1 the graph is the direct form's.
+    names = stage_names(_graph(conv3d(1, 16, (4, 4, 4), 16, (3, 1, 1), stride=2), True).output)
+    assert stages.DW_FMAP_COL in names and stages.DW_WINO_D_X not in names
+
+
+@pytest.mark.parametrize("name, m", tiered(
+    [(name, m) for name in CASES for m in (2, 4)], lambda i, case: i % 2 == 0 or i == 3))
+def test_every_knob_set_matches_reference(name, m):
+    conv = CASES[name]
+    graph = _graph(conv, m)
+    assert stages.DW_WINO_D_X in stage_names(graph.output)
+    arrays = _inputs(graph)
+    want = _expected(conv, arrays)
+    failures = []
+    for knobs_name, knobs in _knob_sets(graph).items():
+        try:
+            _check(_run(graph, knobs, arrays), want)
+        except AssertionError as err:
+            failures.append(f"{knobs_name}: {str(err).splitlines()[-1]}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("seed", [11, 12])
+def test_sampled_knobs_match_reference(seed):
+    """What the tuner can draw from the packed rule's search space."""
+    conv = CASES["temporal-odd-5"]
+    graph = _graph(conv, True)
+    arrays = _inputs(graph, seed)
+    _check(_run(graph, SAMPLE, arrays, seed=seed), _expected(conv, arrays))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precisions_match_reference(dtype):
+    """Half-precision arrays, float32 transforms and accumulation."""
+    conv = CASES["temporal-4"]
+    graph = _graph(conv, True, kernels.Precision(dtype, dtype))
+    arrays = _inputs(graph)
+    for lanes in (8, 16):
+        _check(_run(graph, dw_rule.Heuristic(lanes), arrays), _expected(conv, arrays), dtype)
+
+
+def test_where_it_applies():
+    applies = {
+        "temporal": conv3d(1, 64, (4, 14, 14), 64, (3, 1, 1), pad=(1, 0, 0)),
+        "temporal-dilated": conv3d(1, 64, (8, 7, 7), 64, (3, 1, 1), pad=(2, 0, 0),
+                                   dil=(2, 1, 1)),
+        "w-strided": conv3d(1, 32, (4, 8, 8), 32, (3, 3, 3), stride=(1, 2, 2)),
+    }
+    not_applies = {
+        "w-takes-winograd": conv3d(1, 64, (4, 14, 14), 64, (3, 3, 3)),
+        "two-rows": conv3d(1, 64, (2, 7, 7), 64, (3, 1, 1), pad=(1, 0, 0)),
+        "d-strided": conv3d(1, 64, (8, 7, 7), 64, (3, 1, 1), stride=(2, 1, 1), pad=(1, 0, 0)),
+        "five-taps": conv3d(1, 64, (8, 7, 7), 64, (5, 1, 1), pad=(2, 0, 0)),
+        "groups": conv3d(1, 64, (4, 7, 7), 64, (3, 1, 1), pad=(1, 0, 0), groups=2),
+        "stem": conv3d(1, 3, (8, 32, 32), 64, (3, 7, 7), stride=(1, 2, 2), pad=(1, 3, 3)),
+        "few-outputs": conv3d(1, 64, (8, 7, 7), 4, (3, 1, 1), pad=(1, 0, 0)),
+        # One frame: the centre tap alone is live (``live_taps``), a pointwise layer.
+        "one-frame": conv3d(1, 64, (1, 7, 7), 64, (3, 1, 1), pad=(1, 0, 0)),
+    }
+    for name, conv in applies.items():
+        assert kernels.winograd_d_applies(conv), name
+    for name, conv in not_applies.items():
+        assert not kernels.winograd_d_applies(conv), name
+
+
+def test_a_bad_axis_is_refused():
+    with pytest.raises(ValueError, match=r"winograd_axis must be 0 \(D\) or 2 \(W\), got 1"):
+        kernels.grad_weight(CASES["temporal-4"], F32, winograd=True, winograd_axis=1)
+
+
+def test_the_operator_races_the_form(measuring):
+    """Through ``convolution_backward`` from an empty cache: the weight gradient's selection
+    timed the Winograd-along-D candidates (both widths) beside the packed form's, and
+    whichever won, the gradient equals NumPy's."""
+    from tbe_like import ops
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 32, 5, 4, 6)).astype(np.float32)
+    w = rng.standard_normal((16, 32, 3, 1, 1)).astype(np.float32)
+    dy = rng.standard_normal((2, 16, 5, 4, 6)).astype(np.float32)
+    geometry = dict(stride=[1] * 3, padding=[1, 0, 0], dilation=[1] * 3, transposed=False,
+                    output_padding=[0] * 3, groups=1, output_mask=(False, True, False))
+    executor = ops.prepare_convolution_backward(dy, x, w, bias_sizes=None, **geometry)
+    times = executor.kernels["grad_weight"].metadata["para_dict"]["selection"]["times_ms"]
+    timed = {n for n in times if n.startswith(kernels.WINOGRAD_D + ": ")}
+    assert {lanes for lanes in (8, 16) if any(f"lanes={lanes}" in n for n in timed)} == {8, 16}
+    want = ref.convolution_backward(dy.astype(np.float64), x.astype(np.float64),
+                                    w.astype(np.float64), **geometry)[1]
+    _check(executor(dy, x, w)[1], want)
