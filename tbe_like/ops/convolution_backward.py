@@ -426,7 +426,7 @@ def _other_forms(graph: kernels.Graph, kind: str, conv: kernels.Conv3d,
             forms["outer"] = kernels.grad_weight_outer(conv, prec, names)
         if kernels.weight_col_applies(conv):
             forms["col"] = kernels.grad_weight_col(conv, prec, names)
-        if kernels.winograd_d_applies(conv):
+        if kernels.winograd_on(target) and kernels.winograd_d_applies(conv):
             forms[kernels.WINOGRAD_D] = kernels.grad_weight(
                 conv, prec, names=names, winograd=True, winograd_axis=0)
     elif kind == "grad_input":
