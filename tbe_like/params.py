@@ -438,6 +438,27 @@ class RowsInputParams:
     strides: tuple[int, int, int] = (1, 1, 1)
 
 
+# The framework operators' input gradient of a temporal layer with Winograd F(m,3) along D, on
+# the user's NCDHW arrays (``tbe_like.ops.kernels.grad_input_winograd_d``).
+INPUT_WINO_D_OP = "conv3d_backprop_input_winograd_d"
+
+
+@dataclass(frozen=True)
+class WinogradDInputParams:
+    """The sizes of a temporal input gradient computed with Winograd F(m,3) along D
+    (``INPUT_WINO_D_OP``): dX's ``cin`` channels in ``blocks`` of ``c0``, dy's ``cout``,
+    dX's ``(D, H, W)``, the tile's ``m`` output rows and its ``points`` (m+2)."""
+
+    batch: int
+    cin: int
+    cout: int
+    in_spatial: tuple[int, int, int]
+    blocks: int
+    c0: int
+    m: int
+    points: int
+
+
 FILTER_DEFAULTS = {
     "dilations": (1, 1, 1, 1, 1),
     "res_dtype": "float32",

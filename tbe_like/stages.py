@@ -56,6 +56,15 @@ DX_COL_CAST = "dx_col_cast"  # the result in the arrays' dtype, where that is no
 DX_ROWS_DY = "dx_rows_dy"  # dy zero-padded by the taps' reach, (N, Cout, D', H', W')
 DX_ROWS = "dx_rows"  # prefix of the phase stages "dx_rows_<rd>_<rh>_<rw>", float32
 DX_ROWS_RES = "dx_rows_res"  # dX (N, Cin, D, H, W): each position from its phase's stage
+# The input gradient of a temporal layer with Winograd F(m,3) along D (CPU kernels of
+# tbe_like.ops, ``kernels.grad_input_winograd_d``), float32 stages
+DX_WINO_D_DY = "dx_wino_d_dy"  # dy in channel blocks, (N, Cout1, Do, H, W, C0)
+DX_WINO_D_V = "dx_wino_d_v"  # BT of dy's rows: (N, tiles, Cout1, H, m+2, W, C0)
+DX_WINO_D_FILTER = "dx_wino_d_filter"  # G of the flipped taps: (m+2, Cout, Cin1 * C0)
+DX_WINO_D_AT = "dx_wino_d_at"  # the constants AT, (m, m+2), inlined
+DX_WINO_D_MAD = "dx_wino_d_mad"  # M: (N, tiles, Cin1, H, m+2, W, C0), summed over Cout
+DX_WINO_D_ROWS = "dx_wino_d_rows"  # AT M: (N, tiles, Cin1, m, H, W, C0)
+DX_WINO_D_RES = "dx_wino_d_res"  # dX (N, Cin, D, H, W) in the arrays' dtype
 
 # conv3d_backprop_input (input gradient, also conv3d_transpose)
 DX_DY_DILATE = "dx_dy_dilate"  # dy with stride - 1 zeros between neighbours

@@ -1,12 +1,13 @@
-"""The weight gradient with Winograd F(2,3) and F(4,3) along D (``winograd_axis=0`` of
-``compute.conv3d_backprop_filter``): a temporal layer's form in measured selection
-(``kernels.winograd_d_applies``, ``kernels.WINOGRAD_D``).
+"""Winograd F(2,3) and F(4,3) along D: a temporal layer's forms in measured selection
+(``kernels.WINOGRAD_D``) of the weight gradient (``winograd_axis=0`` of
+``compute.conv3d_backprop_filter``, ``kernels.winograd_d_applies``) and of the input gradient
+(``kernels.grad_input_winograd_d``, ``kernels.input_winograd_d_applies``).
 
-Every knob set the packed rule can take (its candidates for both widths, fixed tiles, the
-search space at fixed seeds) is built under the bounds proof and checked against the NumPy
-reference in float64, on clips the tiles do not cover evenly (5 and 7 rows), with dilation in
-D, no D padding, H and W taps and padding beside D's, a batch of 2, padded channel blocks and
-half precisions.
+Every knob set the rules can take (their candidates for both widths, the weight gradient's
+fixed tiles and search space at fixed seeds, one core) is built under the bounds proof and
+checked against the NumPy reference in float64, on clips the tiles do not cover evenly (5 and
+7 rows), with dilation in D, no D padding, H and W taps and padding beside D's (weight), odd
+rows, a batch of 2, padded channel blocks and half precisions.
 """
 
 from __future__ import annotations
@@ -190,3 +191,88 @@ def test_the_operator_races_the_form(measuring):
     want = ref.convolution_backward(dy.astype(np.float64), x.astype(np.float64),
                                     w.astype(np.float64), **geometry)[1]
     _check(executor(dy, x, w)[1], want)
+
+
+# The input gradient -------------------------------------------------------------------------
+
+INPUT_CASES = {
+    "temporal-4": conv3d(1, 32, (4, 5, 6), 16, (3, 1, 1), pad=(1, 0, 0)),
+    "odd-5-padded-blocks": conv3d(2, 20, (5, 3, 7), 24, (3, 1, 1), pad=(1, 0, 0)),
+    "no-d-padding": conv3d(1, 16, (6, 2, 4), 17, (3, 1, 1), pad=0),
+    "d-padding-2": conv3d(1, 16, (4, 3, 3), 16, (3, 1, 1), pad=(2, 0, 0)),
+}
+
+
+def _input_graph(conv, m=True, prec=F32):
+    return kernels.grad_input_winograd_d(conv, prec, winograd=m)
+
+
+def _input_expected(conv, arrays):
+    dy, w = (a.astype(np.float64) for a in arrays)
+    return ref.convolution_backward(
+        dy, np.zeros(conv.x_shape), w, stride=list(conv.strides),
+        padding=[conv.pads[0], conv.pads[2], conv.pads[4]], dilation=list(conv.dilations),
+        transposed=False, output_padding=[0, 0, 0], groups=conv.groups,
+        output_mask=(True, False, False))[0]
+
+
+@pytest.mark.parametrize("name, m", tiered(
+    [(name, m) for name in INPUT_CASES for m in (2, 4)], lambda i, case: i % 3 != 2))
+def test_every_input_candidate_matches_reference(name, m):
+    """Every candidate, and the default on one core (no parallel loop)."""
+    conv = INPUT_CASES[name]
+    graph = _input_graph(conv, m)
+    assert graph.params.m == m
+    arrays = _inputs(graph)
+    want = _input_expected(conv, arrays)
+    knob_sets = [*candidates(graph.op, TARGET), kernels.OneCore()]
+    for knobs in knob_sets:
+        _check(_run(graph, knobs, arrays), want)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_input_half_precisions_match_reference(dtype):
+    conv = INPUT_CASES["odd-5-padded-blocks"]
+    graph = _input_graph(conv, True, kernels.Precision(dtype, dtype))
+    arrays = _inputs(graph)
+    _check(_run(graph, None, arrays), _input_expected(conv, arrays), dtype)
+
+
+def test_where_the_input_form_applies():
+    applies = conv3d(1, 64, (4, 14, 14), 64, (3, 1, 1), pad=(1, 0, 0))
+    assert kernels.input_winograd_d_applies(applies)
+    not_applies = {
+        "spatial-taps": conv3d(1, 64, (4, 14, 14), 64, (3, 3, 3)),
+        "three-rows": conv3d(1, 64, (3, 14, 14), 64, (3, 1, 1), pad=(1, 0, 0)),
+        "d-strided": conv3d(1, 64, (8, 7, 7), 64, (3, 1, 1), stride=(2, 1, 1), pad=(1, 0, 0)),
+        "d-dilated": conv3d(1, 64, (8, 7, 7), 64, (3, 1, 1), pad=(2, 0, 0), dil=(2, 1, 1)),
+        "h-padding": conv3d(1, 64, (8, 7, 7), 64, (3, 1, 1), pad=1),
+        "groups": conv3d(1, 64, (4, 7, 7), 64, (3, 1, 1), pad=(1, 0, 0), groups=2),
+        "few-inputs": conv3d(1, 8, (8, 7, 7), 64, (3, 1, 1), pad=(1, 0, 0)),
+        "one-frame": conv3d(1, 64, (1, 7, 7), 64, (3, 1, 1), pad=(1, 0, 0)),
+    }
+    for name, conv in not_applies.items():
+        assert not kernels.input_winograd_d_applies(conv), name
+        with pytest.raises(ValueError, match="no Winograd along D"):
+            kernels.grad_input_winograd_d(conv, F32)
+
+
+def test_the_operator_races_the_input_form(measuring):
+    """Through ``convolution_backward`` from an empty cache: the input gradient's selection
+    timed the Winograd-along-D candidates (both widths) beside the other forms', and whichever
+    won, the gradient equals NumPy's."""
+    from tbe_like import ops
+
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((1, 32, 6, 3, 8)).astype(np.float32)
+    w = rng.standard_normal((16, 32, 3, 1, 1)).astype(np.float32)
+    dy = rng.standard_normal((1, 16, 6, 3, 8)).astype(np.float32)
+    geometry = dict(stride=[1] * 3, padding=[1, 0, 0], dilation=[1] * 3, transposed=False,
+                    output_padding=[0] * 3, groups=1, output_mask=(True, False, False))
+    executor = ops.prepare_convolution_backward(dy, x, w, bias_sizes=None, **geometry)
+    times = executor.kernels["grad_input"].metadata["para_dict"]["selection"]["times_ms"]
+    timed = {n for n in times if n.startswith(kernels.WINOGRAD_D + ": ")}
+    assert {lanes for lanes in (8, 16) if any(f"lanes={lanes}" in n for n in timed)} == {8, 16}
+    want = ref.convolution_backward(dy.astype(np.float64), x.astype(np.float64),
+                                    w.astype(np.float64), **geometry)[0]
+    _check(executor(dy, x, w)[0], want)

@@ -9,4 +9,5 @@ from . import (  # noqa: F401  (registers the rules)
     conv3d_backprop_input,
     conv3d_backprop_input_col,
     conv3d_backprop_input_rows,
+    conv3d_backprop_input_winograd_d,
 )

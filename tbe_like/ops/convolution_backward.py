@@ -440,6 +440,8 @@ def _other_forms(graph: kernels.Graph, kind: str, conv: kernels.Conv3d,
             forms["temporal"] = kernels.grad_input(conv, prec, dense=True)
         if kernels.streamed_applies(conv):
             forms["streamed"] = kernels.grad_input(conv, prec, streamed=True)
+        if kernels.winograd_on(target) and kernels.input_winograd_d_applies(conv):
+            forms[kernels.WINOGRAD_D] = kernels.grad_input_winograd_d(conv, prec)
     return forms
 
 

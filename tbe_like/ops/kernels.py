@@ -40,6 +40,7 @@ from ..params import (
     INPUT_COL_OP,
     INPUT_OP,
     INPUT_ROWS_OP,
+    INPUT_WINO_D_OP,
     BackpropFilterParams,
     BackpropInputParams,
     ColFilterParams,
@@ -49,6 +50,7 @@ from ..params import (
     OuterFilterParams,
     RowsFilterParams,
     RowsInputParams,
+    WinogradDInputParams,
 )
 
 C0 = 16
@@ -1208,6 +1210,108 @@ def grad_input_rows(conv: Conv3d, prec: Precision,
                  flops=conv.flops())
 
 
+def input_winograd_d_applies(conv: Conv3d) -> bool:
+    """Whether the input gradient of ``conv`` races a form computed with Winograd F(m,3) along
+    D (:func:`grad_input_winograd_d`): a temporal layer ((3, 1, 1), stride 1, no dilation or
+    padding in H and W, one group, every tap live) of at least ``WINOGRAD_D_MIN_ROWS`` rows
+    of dX and a block (``C0``) of channels on either side. Zen 4, kernels alone, fastest
+    candidate of each form, layers of neither benchmark half: 128 -> 128 on 8x14x14 0.71 ->
+    0.50 ms (the temporal form's), 64 -> 64 on 16x28x28 1.55 -> 1.09, 64 -> 256 on 8x14x14
+    0.74 -> 0.51; 512 -> 512 on 4x7x7 (1.38 against the streamed form's 1.28) and 32 -> 96
+    on 6x14x14 (0.149 against 0.137) lost, hence the race."""
+    return (conv.kernel == (3, 1, 1) and conv.strides == (1, 1, 1) and conv.dilations[0] == 1
+            and not any(conv.pads[2:]) and conv.groups == 1
+            and conv.in_spatial[0] >= WINOGRAD_D_MIN_ROWS and min(conv.cin, conv.cout) >= C0
+            and live_taps(conv) is None)
+
+
+def grad_input_winograd_d(conv: Conv3d, prec: Precision,
+                          names=("grad_output", "weight", "grad_input"), winograd: bool | int = True
+                          ) -> Graph:
+    """dX of a temporal layer (:func:`input_winograd_d_applies`) with Winograd F(m,3) along
+    D, on the user's NCDHW arrays (``compute.winograd``: the flipped taps ``Wf[j] = W[2 - j]``
+    correlate dy's rows, ``dX[d] = sum_j Wf[j] dy[d + pad - 2 + j]``)::
+
+        V = BT dy (m+2 rows a tile)   U = G Wf   M_e = sum over co of V_e * U_e   dX = AT M
+
+    dy is packed into blocks of C0 output channels (``DX_WINO_D_DY``) and transformed
+    (``DX_WINO_D_V``), the filter transformed (``DX_WINO_D_FILTER``, float32, its input
+    channels padded to blocks); per (n, tile, h) row the reduction (``DX_WINO_D_MAD``, a
+    point and a block of C0 input channels at a time) and AT (``DX_WINO_D_ROWS``, a sum over
+    the points with ``DX_WINO_D_AT``'s constants) are computed in cache and written out as
+    the m rows of NCDHW dX (``DX_WINO_D_RES``). On a 4-frame clip one F(4,3) tile takes 6
+    multiply-adds per (co, ci, h, w) instead of the direct form's 10 live ones (of 12).
+    ``winograd``: True takes the tile with fewer multiply-adds over the rounded-up rows, 2 or
+    4 that F(m,3)."""
+    from ..compute.winograd import choose, combine, pick, tile_base, winograd_tiles
+
+    if not input_winograd_d_applies(conv):
+        raise ValueError(f"{INPUT_WINO_D_OP}: no Winograd along D for {conv}")
+    dy = _placeholder(conv.y_shape, names[0], prec.dtype)
+    w = _placeholder(conv.w_shape, names[1], prec.dtype)
+    convert = prec.convert()
+    n_, cin, cout = conv.batch, conv.cin, conv.cout
+    d_in, h_in, w_in = conv.in_spatial
+    rows_out = conv.out_spatial[0]
+    wino = choose(winograd, d_in, 1, INPUT_WINO_D_OP)
+    m, points = wino.m, wino.points
+    tiles = winograd_tiles(d_in, m, 1)
+    cout1, cin1 = -(-cout // C0), -(-cin // C0)
+    off = conv.pads[0] - 2  # dy's row of the first flipped tap of dX's row 0
+    zero = tirx.const(0, ACC_DTYPE)
+
+    def as_acc(value):
+        return convert(value).astype(ACC_DTYPE)
+
+    dy6 = te.compute(
+        (n_, cout1, rows_out, h_in, w_in, C0),
+        lambda n, c1, d, h, x, c: tirx.if_then_else(
+            c1 * C0 + c < cout, as_acc(dy[n, tirx.min(c1 * C0 + c, cout - 1), d, h, x]), zero),
+        name=stages.DX_WINO_D_DY, tag=stages.tag(INPUT_WINO_D_OP, "dy"))
+
+    def v_body(n, t, c1, h, e, x, c):
+        rows = [tile_base(t, m, 1) + off + k for k in range(points)]
+        vals = [tirx.if_then_else(tirx.all(r >= 0, r < rows_out),
+                                  dy6[n, c1, tirx.max(tirx.min(r, rows_out - 1), 0), h, x, c],
+                                  zero) for r in rows]
+        return pick(e, [combine(row, vals) for row in wino.bt])
+
+    v = te.compute((n_, tiles, cout1, h_in, points, w_in, C0), v_body, name=stages.DX_WINO_D_V,
+                   tag=stages.tag(INPUT_WINO_D_OP, "v"))
+
+    def u_body(e, co, ci):
+        taps = [tirx.if_then_else(ci < cin, as_acc(w[co, tirx.min(ci, cin - 1), 2 - j, 0, 0]),
+                                  zero) for j in range(3)]
+        return pick(e, [combine(row, taps) for row in wino.g])
+
+    u = te.compute((points, cout, cin1 * C0), u_body, name=stages.DX_WINO_D_FILTER,
+                   tag=stages.tag(INPUT_WINO_D_OP, "filter"))
+    rco = te.reduce_axis((0, cout), name="co")
+    mad = te.compute(
+        (n_, tiles, cin1, h_in, points, w_in, C0),
+        lambda n, t, c1, h, e, x, c: te.sum(v[n, t, rco // C0, h, e, x, rco % C0]
+                                            * u[e, rco, c1 * C0 + c], axis=[rco]),
+        name=stages.DX_WINO_D_MAD, tag=stages.tag(INPUT_WINO_D_OP, "mad"))
+    # AT as a (m, points) stage of constants, so that the rows' sum over the points reads M
+    # with an iterator (a compute_at cannot place a stage that reads M at constant points).
+    at = te.compute((m, points), lambda j, e: pick(j, [pick(e, [
+        tirx.const(float(c), ACC_DTYPE) for c in row]) for row in wino.at]),
+        name=stages.DX_WINO_D_AT, tag=stages.tag(INPUT_WINO_D_OP, "at"))
+    re_ = te.reduce_axis((0, points), name="e")
+    rows = te.compute(
+        (n_, tiles, cin1, m, h_in, w_in, C0),
+        lambda n, t, c1, j, h, x, c: te.sum(at[j, re_] * mad[n, t, c1, h, re_, x, c],
+                                            axis=[re_]),
+        name=stages.DX_WINO_D_ROWS, tag=stages.tag(INPUT_WINO_D_OP, "rows"))
+    out = te.compute(
+        conv.x_shape,
+        lambda n, ci, d, h, x: rows[n, d // m, ci // C0, d % m, h, x, ci % C0].astype(prec.dtype),
+        name=stages.DX_WINO_D_RES, tag=stages.tag(INPUT_WINO_D_OP, "res"))
+    p = WinogradDInputParams(n_, cin, cout, tuple(conv.in_spatial), cin1, C0, m, points)
+    return Graph(INPUT_WINO_D_OP, p, [dy, w], out, ["NCDHW", "NCDHW", "NCDHW"],
+                 flops=conv.flops())
+
+
 def live_taps(conv: Conv3d) -> tuple[tuple[int, int, int], Conv3d] | None:
     """The taps that read some input, as ``(first live tap per axis, the convolution of the
     live taps alone)``, or None when every tap is live.
@@ -1384,6 +1488,9 @@ def schedule(sch, graph: Graph, target: Target, knobs=None):
 
 # The forms of few input or output channels (``grad_weight_rows``, ``grad_input_rows``).
 ROWS_OPS = (FILTER_ROWS_OP, INPUT_ROWS_OP)
+# The forms whose candidates are their rules' (both widths) when they race.
+OWN_CANDIDATE_OPS = (FILTER_DOT_OP, FILTER_OUTER_OP, FILTER_COL_OP, INPUT_COL_OP,
+                     INPUT_WINO_D_OP, *ROWS_OPS)
 
 
 def alternative_candidates(graph: Graph, target: Target) -> list:
@@ -1393,8 +1500,7 @@ def alternative_candidates(graph: Graph, target: Target) -> list:
     width candidates are left to the kernel's own form: each costs a compile."""
     from ..schedules import candidates
 
-    if graph.op in (FILTER_DOT_OP, FILTER_OUTER_OP, FILTER_COL_OP, INPUT_COL_OP,
-                    *ROWS_OPS):  # both widths
+    if graph.op in OWN_CANDIDATE_OPS:  # both widths
         return candidates(graph.op, target)
     if graph.op == FILTER_OP and uses_winograd(graph):  # along D: both widths, split K or not
         return [k for k in candidates(graph.op, target) if not k.whole]
