@@ -276,3 +276,32 @@ def test_the_operator_races_the_input_form(measuring):
     want = ref.convolution_backward(dy.astype(np.float64), x.astype(np.float64),
                                     w.astype(np.float64), **geometry)[0]
     _check(executor(dy, x, w)[0], want)
+
+
+# Non-finite values (README, "Non-finite values") -------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_non_finite_values_spread_as_documented(bad):
+    """An Inf or NaN in dy: the input gradient's tiles make the other rows of a tile that
+    reads it non-finite (at most 3 rows from one where the reference is), the weight
+    gradient's every D tap of a channel pair the reference makes non-finite; finite
+    elsewhere, and non-finite wherever the reference is."""
+    conv = INPUT_CASES["odd-5-padded-blocks"]
+    graph = _input_graph(conv)
+    dy, w = _inputs(graph)
+    dy[1, 3, 2, 1, 4] = bad
+    ours, theirs = ~np.isfinite(_run(graph, None, [dy, w])), ~np.isfinite(
+        _input_expected(conv, [dy, w]))
+    assert theirs.any() and np.all(ours[theirs])
+    for n, ci, d, h, x in zip(*np.nonzero(ours & ~theirs), strict=True):
+        assert theirs[n, ci, max(0, d - 3):d + 4, h, x].any(), (n, ci, d, h, x)
+
+    conv = CASES["temporal-odd-5"]
+    graph = _graph(conv, True)
+    x, dy = _inputs(graph)
+    x[0, 2, 3, 1, 1] = bad
+    ours, theirs = ~np.isfinite(_run(graph, None, [x, dy])), ~np.isfinite(
+        _expected(conv, [x, dy]))
+    assert theirs.any() and np.all(ours[theirs])
+    assert np.array_equal(ours.any(axis=(2, 3, 4)), theirs.any(axis=(2, 3, 4)))
