@@ -35,6 +35,7 @@ CASES = {
     "dilated2-7": conv3d(1, 16, (7, 3, 3), 32, (3, 1, 1), pad=(2, 0, 0), dil=(2, 1, 1)),
     "no-d-padding": conv3d(1, 16, (6, 4, 4), 16, (3, 1, 1), pad=0),
     "h-taps-w-stride2": conv3d(1, 16, (4, 5, 9), 16, (3, 3, 3), stride=(1, 1, 2), pad=1),
+    "d-padding-2": conv3d(1, 16, (4, 3, 5), 32, (3, 1, 1), pad=(2, 0, 0)),
 }
 # Fixed tiles beside the rule's candidates: one cell, every input-channel block in the tile,
 # the reduction split in 3 (need not divide it), every row inside the tile.
@@ -56,7 +57,10 @@ def _extent(graph, index: int) -> int:
 
 
 def _knob_sets(graph) -> dict:
+    """The rule's candidates, the default on one core (measured selection races it on small
+    kernels), and the fixed tiles above."""
     sets = {str(h): h for h in candidates(graph.op, TARGET)}
+    sets["one core"] = kernels.OneCore()
     for name, knobs in TILES.items():
         if knobs == "ci-all":
             knobs = dw_rule.Knobs(co_par=1, co_tile=1, kw_tile=1, ci_tile=_extent(graph, 2))
@@ -255,6 +259,9 @@ def test_where_the_input_form_applies():
         assert not kernels.input_winograd_d_applies(conv), name
         with pytest.raises(ValueError, match="no Winograd along D"):
             kernels.grad_input_winograd_d(conv, F32)
+    for bad in (False, 3):
+        with pytest.raises(ValueError, match=r"winograd must be True, 2 or 4, got"):
+            kernels.grad_input_winograd_d(applies, F32, winograd=bad)
 
 
 def test_the_operator_races_the_input_form(measuring):

@@ -10,9 +10,10 @@
       AT M: the tile's m rows, in cache                 C0 vectorized
       the m rows written out as NCDHW                   W vectorized
 
-M (the points of one row of tiles, a few hundred KiB) and the m rows stay in cache: staged
-whole, M and the rows were 1.5 and 1 times dX through memory more (Zen 4: I3D-like 256 -> 64 on
-4x28x28 1.17 ms, per row 0.98).
+M (the points of one row of tiles, a few hundred KiB) and the m rows stay in cache. Per (n,
+tile, channel block) task over all of the block's positions instead, the rows went out to
+NCDHW by gathers from the whole block (Zen 4: a 256 -> 64 layer on 4x28x28 1.17 ms, per row
+0.98); staged whole, M and the rows go through memory (1.5 and 1 times dX).
 """
 
 from __future__ import annotations

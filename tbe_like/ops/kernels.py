@@ -498,8 +498,8 @@ def winograd_d_applies(conv: Conv3d) -> bool:
     channels on either side (fewer are the rows forms' layers). Zen 4, kernels alone, fastest
     candidate of either form, layers of neither benchmark half: 128 -> 128 (3,1,1) on 8x14x14
     0.72 -> 0.53 ms, 64 -> 64 on 16x28x28 1.57 -> 1.13, 512 -> 512 on 4x7x7 1.36 -> 1.26, a
-    3x3x3 layer at stride (1, 2, 2) 1.59 -> 1.10; 96 -> 32 on 6x14x14 lost (0.14 against
-    0.19: its transforms are most of a small kernel), hence the race."""
+    3x3x3 layer at stride (1, 2, 2) 1.59 -> 1.10; 96 -> 32 on 6x14x14 lost (0.19 ms against
+    0.14: its transforms are most of a small kernel), hence the race."""
     core = (live_taps(conv) or (None, conv))[1]
     return (core.kernel[0] == 3 and core.strides[0] == 1
             and core.out_spatial[0] >= WINOGRAD_D_MIN_ROWS
@@ -1245,6 +1245,8 @@ def grad_input_winograd_d(conv: Conv3d, prec: Precision,
     4 that F(m,3)."""
     from ..compute.winograd import choose, combine, pick, tile_base, winograd_tiles
 
+    if winograd is not True and winograd not in (2, 4):
+        raise ValueError(f"{INPUT_WINO_D_OP}: winograd must be True, 2 or 4, got {winograd!r}")
     if not input_winograd_d_applies(conv):
         raise ValueError(f"{INPUT_WINO_D_OP}: no Winograd along D for {conv}")
     dy = _placeholder(conv.y_shape, names[0], prec.dtype)
