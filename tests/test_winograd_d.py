@@ -36,6 +36,8 @@ CASES = {
     "no-d-padding": conv3d(1, 16, (6, 4, 4), 16, (3, 1, 1), pad=0),
     "h-taps-w-stride2": conv3d(1, 16, (4, 5, 9), 16, (3, 3, 3), stride=(1, 1, 2), pad=1),
     "d-padding-2": conv3d(1, 16, (4, 3, 5), 32, (3, 1, 1), pad=(2, 0, 0)),
+    # W's taps at stride 1 too (the form races beside W's own Winograd on larger planes).
+    "3x3x3": conv3d(1, 16, (4, 5, 6), 16, (3, 3, 3), pad=1),
 }
 # Fixed tiles beside the rule's candidates: one cell, every input-channel block in the tile,
 # the reduction split in 3 (need not divide it), every row inside the tile.
@@ -153,9 +155,11 @@ def test_where_it_applies():
         "temporal-dilated": conv3d(1, 64, (8, 7, 7), 64, (3, 1, 1), pad=(2, 0, 0),
                                    dil=(2, 1, 1)),
         "w-strided": conv3d(1, 32, (4, 8, 8), 32, (3, 3, 3), stride=(1, 2, 2)),
+        # W takes Winograd too, on a plane of 14x14 positions: W's, D's and the direct race.
+        "beside-w": conv3d(1, 64, (4, 14, 14), 64, (3, 3, 3)),
     }
     not_applies = {
-        "w-takes-winograd": conv3d(1, 64, (4, 14, 14), 64, (3, 3, 3)),
+        "beside-w-small-plane": conv3d(1, 64, (4, 7, 7), 64, (3, 3, 3)),
         "two-rows": conv3d(1, 64, (2, 7, 7), 64, (3, 1, 1), pad=(1, 0, 0)),
         "d-strided": conv3d(1, 64, (8, 7, 7), 64, (3, 1, 1), stride=(2, 1, 1), pad=(1, 0, 0)),
         "five-taps": conv3d(1, 64, (8, 7, 7), 64, (5, 1, 1), pad=(2, 0, 0)),

@@ -490,20 +490,34 @@ WINOGRAD_D = "winograd_d"
 WINOGRAD_D_MIN_ROWS = 4
 
 
+# Output positions of a plane (Ho*Wo) at least for :func:`winograd_d_applies` on a layer whose W
+# takes Winograd of its own: on 7x7 and 4x4 maps the transforms' result (6 points per 3 taps
+# of a large filter) cost more than they saved (256 -> 256 3x3x3 on 4x7x7: 3.73 ms against
+# the direct form's 2.78; 512 -> 512 on 4x4x4 14.0 against 5.9).
+WINOGRAD_D_BESIDE_W_MIN_POSITIONS = 100
+
+
 def winograd_d_applies(conv: Conv3d) -> bool:
     """Whether the weight gradient of ``conv`` races a form computed with Winograd F(m,3)
     along D (``compute.conv3d_backprop_filter``'s ``winograd_axis=0``): 3 live taps in D at
-    stride 1 over at least ``WINOGRAD_D_MIN_ROWS`` output rows, where W takes no Winograd of
-    its own (a temporal (3, 1, 1) layer), without groups and with a block (``C0``) of
-    channels on either side (fewer are the rows forms' layers). Zen 4, kernels alone, fastest
-    candidate of either form, layers of neither benchmark half: 128 -> 128 (3,1,1) on 8x14x14
-    0.72 -> 0.53 ms, 64 -> 64 on 16x28x28 1.57 -> 1.13, 512 -> 512 on 4x7x7 1.36 -> 1.26, a
-    3x3x3 layer at stride (1, 2, 2) 1.59 -> 1.10; 96 -> 32 on 6x14x14 lost (0.19 ms against
-    0.14: its transforms are most of a small kernel), hence the race."""
+    stride 1 over at least ``WINOGRAD_D_MIN_ROWS`` output rows, without groups and with a
+    block (``C0``) of channels on either side (fewer are the rows forms' layers); where W
+    takes Winograd of its own (3 taps at stride 1), on planes of at least
+    ``WINOGRAD_D_BESIDE_W_MIN_POSITIONS`` positions (W's tiles and D's race: 3x3x3 layers of
+    neither half, fastest of W's, D's and the direct form: 128 -> 128 on 8x14x14 4.49 / 3.72 /
+    5.59 ms, 192 -> 192 on 4x14x14 6.71 / 4.80 / 5.93, 64 -> 128 on 8x16x16 2.56 / 2.45 /
+    3.98, 64 -> 64 on 8x28x28 3.55 / 3.61 / 5.95, 96 -> 96 on 6x12x12 1.34 / 1.50 / 1.64).
+    Zen 4, kernels alone, fastest candidate of either form, layers of neither benchmark half:
+    128 -> 128 (3,1,1) on 8x14x14 0.72 -> 0.53 ms, 64 -> 64 on 16x28x28 1.57 -> 1.13, 512 ->
+    512 on 4x7x7 1.36 -> 1.26, a 3x3x3 layer at stride (1, 2, 2) 1.59 -> 1.10; 96 -> 32 on
+    6x14x14 lost (0.19 ms against 0.14: its transforms are most of a small kernel), hence the
+    race."""
     core = (live_taps(conv) or (None, conv))[1]
+    w_winograd = core.kernel[2] == 3 and core.strides[2] == 1
     return (core.kernel[0] == 3 and core.strides[0] == 1
             and core.out_spatial[0] >= WINOGRAD_D_MIN_ROWS
-            and not (core.kernel[2] == 3 and core.strides[2] == 1)
+            and (not w_winograd or core.out_spatial[1] * core.out_spatial[2]
+                 >= WINOGRAD_D_BESIDE_W_MIN_POSITIONS)
             and core.groups == 1 and min(core.cin, core.cout) >= C0
             and tap_fold(core) is None)
 
