@@ -190,6 +190,33 @@ def update_stores(func, name: str) -> int:
     return len(found)
 
 
+def run_graph(graph, knobs, arrays, seed=None):
+    """Build a framework operator's kernel ``graph`` for this host with ``knobs`` (its rule's,
+    ``SAMPLE`` drawn at ``seed``) under the bounds proof, no loop vectorized wider than
+    ``schedules.common.MAX_VECTOR_LANES``, and run it on ``arrays``: its result."""
+    from tbe_like.schedules.common import MAX_VECTOR_LANES
+
+    from tbe_like._tvm import IRModule, s_tir, structural_walk, tirx
+    from tbe_like._tvm import tvm as tvm_
+    from tbe_like.bounds import compile_checked
+    from tbe_like.ops import kernels
+    from tbe_like.target import host_target
+
+    target = host_target()
+    sch = s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)}),
+                         **({} if seed is None else {"seed": seed}))
+    sch = kernels.schedule(sch, graph, target, knobs)
+    widths = []
+    structural_walk(sch.mod["main"].body, [(tirx.For, lambda loop: widths.append(
+        int(loop.extent)) if loop.kind == tirx.ForKind.VECTORIZED else None)])
+    assert max(widths) <= MAX_VECTOR_LANES, widths
+    fn = compile_checked(sch.mod, target)["main"]
+    dev = tvm_.cpu()
+    out = tvm_.runtime.empty(list(graph.result_shape()), str(graph.output.dtype), dev)
+    fn(*[tvm_.runtime.tensor(a, dev) for a in arrays], out)
+    return out.numpy()
+
+
 def stage_names(tensor) -> set[str]:
     """The names of every stage a result is computed from (itself included)."""
     from tbe_like.stages import stage_names as names

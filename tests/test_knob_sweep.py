@@ -24,15 +24,14 @@ import math
 
 import numpy as np
 import pytest
-from conftest import NP_DTYPES, RTOL, conv3d, round_hf32, stage_names, tiered
+from conftest import NP_DTYPES, RTOL, conv3d, round_hf32, run_graph, stage_names, tiered
 from tbe_like.schedules import Heuristic, candidates, common
-from tbe_like.schedules.common import HEURISTIC_LANES, MAX_VECTOR_LANES, SAMPLE
+from tbe_like.schedules.common import HEURISTIC_LANES, SAMPLE
 from tbe_like.schedules.llvm import conv3d_backprop_filter as dw_rule
 from tbe_like.schedules.llvm import conv3d_backprop_input as dx_rule
 
 from tbe_like import lowering, stages
-from tbe_like._tvm import IRModule, s_tir, structural_walk, tirx, tvm
-from tbe_like.bounds import compile_checked
+from tbe_like._tvm import IRModule, s_tir, structural_walk, tirx
 from tbe_like.ops import kernels
 from tbe_like.target import host_target
 from tbe_like.testing import reference as ref
@@ -168,21 +167,6 @@ def _weight_rows(graph):
     return int(sch.get(loops[9]).extent)
 
 
-def _run(graph, knobs, arrays, seed=None):
-    sch = s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)}),
-                         **({} if seed is None else {"seed": seed}))
-    sch = kernels.schedule(sch, graph, TARGET, knobs)
-    widths = []
-    structural_walk(sch.mod["main"].body, [(tirx.For, lambda loop: widths.append(
-        int(loop.extent)) if loop.kind == tirx.ForKind.VECTORIZED else None)])
-    assert max(widths) <= MAX_VECTOR_LANES, widths
-    fn = compile_checked(sch.mod, TARGET)["main"]
-    dev = tvm.cpu()
-    out = tvm.runtime.empty(list(graph.result_shape()), str(graph.output.dtype), dev)
-    fn(*[tvm.runtime.tensor(a, dev) for a in arrays], out)
-    return out.numpy()
-
-
 def _inputs(graph, seed=0):
     rng = np.random.default_rng(seed)
     return [rng.standard_normal([int(v) for v in t.shape]).astype(NP_DTYPES[str(t.dtype)])
@@ -232,7 +216,7 @@ def test_every_knob_set_matches_reference(shape, kind, full):
                 continue
             want = _expected(kind, conv, arrays) if want is None else want
             try:
-                _check(_run(graph, knobs, arrays), want)
+                _check(run_graph(graph, knobs, arrays), want)
             except AssertionError as err:
                 failures.append(f"{form} {name}: {str(err).splitlines()[-1]}")
     assert pair, "no knob set to build"
@@ -275,7 +259,7 @@ def test_every_precision_with_either_width(kind, prec, lanes, winograd):
         k: getattr(PRECISIONS[prec], k) for k in ("dtype", "compute", "hf32")})
     graph = _graph(kind, conv, winograd, precision)
     arrays = _inputs(graph)
-    got = _run(graph, Heuristic(lanes), arrays)
+    got = run_graph(graph, Heuristic(lanes), arrays)
     rounded = [_round(a, PRECISIONS[prec]) for a in arrays]
     _check(got, _expected(kind, conv, rounded), _tolerance(PRECISIONS[prec]))
 
@@ -303,7 +287,7 @@ def test_sampled_knobs_match_reference(shape, kind, seed):
     for winograd in _variants(kind, conv).values():
         graph = _graph(kind, conv, winograd)
         arrays = _inputs(graph, seed)
-        _check(_run(graph, SAMPLE, arrays, seed=seed), _expected(kind, conv, arrays))
+        _check(run_graph(graph, SAMPLE, arrays, seed=seed), _expected(kind, conv, arrays))
 
 
 def test_candidates_cover_both_widths_and_split_k():
@@ -352,20 +336,20 @@ def test_a_pointwise_input_gradient_is_computed_row_by_row(lanes):
     assert "dx_dy_pad = T.sblock_alloc_buffer" not in rows
     assert scheduled(graph, Heuristic(lanes)).script().count("T.parallel(") == 4
     arrays = _inputs(graph)
-    _check(_run(graph, Heuristic(lanes, rows=True), arrays),
+    _check(run_graph(graph, Heuristic(lanes, rows=True), arrays),
            _expected("grad_input", conv, arrays))
     for prec in PRECISIONS.values():  # dy converted where the reduction reads it
         precision = kernels.Precision.on(TARGET, prec.dtype, prec.compute, prec.hf32)
         graph = _graph("grad_input", conv, False, precision)
         arrays = _inputs(graph)
         rounded = [_round(a, prec) for a in arrays]
-        _check(_run(graph, Heuristic(lanes, rows=True), arrays),
+        _check(run_graph(graph, Heuristic(lanes, rows=True), arrays),
                _expected("grad_input", conv, rounded), _tolerance(prec))
     for one_block in (conv3d(1, 8, (2, 3, 5), 20, (1, 1, 1), pad=0),  # 8 channels: 1 block
                       conv3d(2, 16, (1, 1, 1), 24, (1, 1, 1), pad=0)):  # a 1x1x1 map
         graph = _graph("grad_input", one_block, False)
         arrays = _inputs(graph)
-        _check(_run(graph, Heuristic(lanes, rows=True), arrays),
+        _check(run_graph(graph, Heuristic(lanes, rows=True), arrays),
                _expected("grad_input", one_block, arrays))
         assert scheduled(graph, Heuristic(lanes, rows=True)).script().count("T.parallel(") <= 2
     strided = _graph("grad_input", SHAPES["k111-groups2-stride2"], False)
@@ -417,16 +401,16 @@ def test_a_temporal_input_gradient_is_computed_row_by_row(shape):
         structural_walk(lowering.skip_padding(sch.mod)["main"].body, [
             (tirx.IfThenElse, skips.append)])
         assert skips, "the taps reading D padding are not skipped"
-        _check(_run(graph, knobs, arrays), want)
+        _check(run_graph(graph, knobs, arrays), want)
     phased = kernels.grad_input(conv, F32)  # its rows candidates, whatever they apply to
     for knobs in rows:
-        _check(_run(phased, knobs, arrays), want)
+        _check(run_graph(phased, knobs, arrays), want)
     for name in ("float16", "bfloat16"):
         prec = PRECISIONS[name]
         precision = kernels.Precision.on(TARGET, prec.dtype, prec.compute, prec.hf32)
         low = kernels.grad_input(conv, precision, dense=True)
         arrays = _inputs(low)
-        _check(_run(low, rows[-1], arrays),
+        _check(run_graph(low, rows[-1], arrays),
                _expected("grad_input", conv, [_round(a, prec) for a in arrays]),
                _tolerance(prec))
 
@@ -464,7 +448,8 @@ def test_a_one_frame_temporal_layer_is_pointwise():
     graph = kernels.grad_input(conv, F32)
     assert graph.params.geometry.kernel == (1, 1, 1)
     arrays = _inputs(graph)
-    _check(_run(graph, Heuristic(16, rows=True), arrays), _expected("grad_input", conv, arrays))
+    _check(run_graph(graph, Heuristic(16, rows=True), arrays),
+           _expected("grad_input", conv, arrays))
 
 
 # Input gradients in the streamed form (``kernels.grad_input(streamed=True)``): D padding of 2
@@ -528,8 +513,8 @@ def test_a_streamed_input_gradient_flips_its_filter_in_chunks(shape):
             structural_walk(lowering.skip_padding(sch.mod)["main"].body, [
                 (tirx.IfThenElse, skips.append)])
             assert skips, "the taps reading D padding are not skipped"
-        _check(_run(graph, knobs, arrays), want)
-        _check(_run(graph, kernels.OneCore(knobs), arrays), want)
+        _check(run_graph(graph, knobs, arrays), want)
+        _check(run_graph(graph, kernels.OneCore(knobs), arrays), want)
     # Raced on one core too (a small kernel), it is scheduled streamed there as well.
     forms = kernels.selection_forms(kernels.grad_input(conv, F32), TARGET, {"streamed": graph})
     assert all((k.knobs if isinstance(k, kernels.OneCore) else k).stream
@@ -538,7 +523,7 @@ def test_a_streamed_input_gradient_flips_its_filter_in_chunks(shape):
     low = kernels.grad_input(conv, kernels.Precision.on(TARGET, prec.dtype, prec.compute),
                              streamed=True)
     arrays = _inputs(low)
-    _check(_run(low, streamed[-1], arrays),
+    _check(run_graph(low, streamed[-1], arrays),
            _expected("grad_input", conv, [_round(a, prec) for a in arrays]), _tolerance(prec))
 
 
@@ -560,7 +545,7 @@ def test_the_streamed_form_races_on_late_stages_and_small_maps():
     graph = kernels.grad_input(conv, F32)
     assert len([n for n in stage_names(graph.output) if n.startswith(stages.DX_MAD)]) > 1
     arrays = _inputs(graph)
-    _check(_run(graph, Heuristic(16, stream=True), arrays),
+    _check(run_graph(graph, Heuristic(16, stream=True), arrays),
            _expected("grad_input", conv, arrays))
 
 
@@ -592,14 +577,14 @@ def test_a_tile_that_does_not_divide_its_loop_is_refused():
     graph = _graph("grad_weight", SHAPES["w7-prime"], 2)  # 4 Winograd points
     knobs = dw_rule.Knobs(co_par=1, co_tile=8, kw_tile=3, k_par=2)
     with pytest.raises(ValueError, match="kw_tile = 3 must divide its loop of 4 iterations"):
-        _run(graph, knobs, _inputs(graph))
+        run_graph(graph, knobs, _inputs(graph))
 
 
 def test_input_channel_blocks_that_do_not_divide_are_refused():
     graph = _graph("grad_weight", SHAPES["w13-cin20-cout24"], False)  # 2 channel blocks
     knobs = dw_rule.Knobs(co_par=1, co_tile=1, kw_tile=1, ci_tile=3)
     with pytest.raises(ValueError, match="ci_tile = 3 must divide its loop of 2 iterations"):
-        _run(graph, knobs, _inputs(graph))
+        run_graph(graph, knobs, _inputs(graph))
 
 
 @pytest.mark.parametrize("knobs", [
@@ -611,4 +596,4 @@ def test_a_reduction_inside_the_tile_needs_every_row_and_no_split_k(knobs):
     graph = _graph("grad_weight", SHAPES["w7-prime"], False)  # Ho = 5
     with pytest.raises(ValueError, match="knobs inner must be 0, 1 or 2, and with inner the "
                                          "tile must hold every row"):
-        _run(graph, knobs, _inputs(graph))
+        run_graph(graph, knobs, _inputs(graph))

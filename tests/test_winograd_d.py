@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import NP_DTYPES, RTOL, conv3d, stage_names, tiered
+from conftest import NP_DTYPES, RTOL, conv3d, run_graph, stage_names, tiered
 from tbe_like.schedules import candidates
 from tbe_like.schedules.common import SAMPLE
 from tbe_like.schedules.llvm import conv3d_backprop_filter as dw_rule
 
 from tbe_like import stages
-from tbe_like._tvm import IRModule, s_tir, tvm
-from tbe_like.bounds import compile_checked
+from tbe_like._tvm import IRModule, s_tir
 from tbe_like.ops import kernels
 from tbe_like.target import host_target
 from tbe_like.testing import reference as ref
@@ -73,17 +72,6 @@ def _knob_sets(graph) -> dict:
     return sets
 
 
-def _run(graph, knobs, arrays, seed=None):
-    sch = s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)}),
-                         **({} if seed is None else {"seed": seed}))
-    sch = kernels.schedule(sch, graph, TARGET, knobs)
-    fn = compile_checked(sch.mod, TARGET)["main"]
-    dev = tvm.cpu()
-    out = tvm.runtime.empty(list(graph.result_shape()), str(graph.output.dtype), dev)
-    fn(*[tvm.runtime.tensor(a, dev) for a in arrays], out)
-    return out.numpy()
-
-
 def _inputs(graph, seed=0):
     rng = np.random.default_rng(seed)
     return [rng.standard_normal([int(v) for v in t.shape]).astype(NP_DTYPES[str(t.dtype)])
@@ -124,7 +112,7 @@ def test_every_knob_set_matches_reference(name, m):
     failures = []
     for knobs_name, knobs in _knob_sets(graph).items():
         try:
-            _check(_run(graph, knobs, arrays), want)
+            _check(run_graph(graph, knobs, arrays), want)
         except AssertionError as err:
             failures.append(f"{knobs_name}: {str(err).splitlines()[-1]}")
     assert not failures, "\n".join(failures)
@@ -136,7 +124,7 @@ def test_sampled_knobs_match_reference(seed):
     conv = CASES["temporal-odd-5"]
     graph = _graph(conv, True)
     arrays = _inputs(graph, seed)
-    _check(_run(graph, SAMPLE, arrays, seed=seed), _expected(conv, arrays))
+    _check(run_graph(graph, SAMPLE, arrays, seed=seed), _expected(conv, arrays))
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -146,7 +134,7 @@ def test_half_precisions_match_reference(dtype):
     graph = _graph(conv, True, kernels.Precision(dtype, dtype))
     arrays = _inputs(graph)
     for lanes in (8, 16):
-        _check(_run(graph, dw_rule.Heuristic(lanes), arrays), _expected(conv, arrays), dtype)
+        _check(run_graph(graph, dw_rule.Heuristic(lanes), arrays), _expected(conv, arrays), dtype)
 
 
 def test_where_it_applies():
@@ -184,21 +172,7 @@ def test_the_operator_races_the_form(measuring):
     """Through ``convolution_backward`` from an empty cache: the weight gradient's selection
     timed the Winograd-along-D candidates (both widths) beside the packed form's, and
     whichever won, the gradient equals NumPy's."""
-    from tbe_like import ops
-
-    rng = np.random.default_rng(5)
-    x = rng.standard_normal((2, 32, 5, 4, 6)).astype(np.float32)
-    w = rng.standard_normal((16, 32, 3, 1, 1)).astype(np.float32)
-    dy = rng.standard_normal((2, 16, 5, 4, 6)).astype(np.float32)
-    geometry = dict(stride=[1] * 3, padding=[1, 0, 0], dilation=[1] * 3, transposed=False,
-                    output_padding=[0] * 3, groups=1, output_mask=(False, True, False))
-    executor = ops.prepare_convolution_backward(dy, x, w, bias_sizes=None, **geometry)
-    times = executor.kernels["grad_weight"].metadata["para_dict"]["selection"]["times_ms"]
-    timed = {n for n in times if n.startswith(kernels.WINOGRAD_D + ": ")}
-    assert {lanes for lanes in (8, 16) if any(f"lanes={lanes}" in n for n in timed)} == {8, 16}
-    want = ref.convolution_backward(dy.astype(np.float64), x.astype(np.float64),
-                                    w.astype(np.float64), **geometry)[1]
-    _check(executor(dy, x, w)[1], want)
+    _through_operator("grad_weight", (2, 32, 16, (5, 4, 6)), 5)
 
 
 # The input gradient -------------------------------------------------------------------------
@@ -235,7 +209,7 @@ def test_every_input_candidate_matches_reference(name, m):
     want = _input_expected(conv, arrays)
     knob_sets = [*candidates(graph.op, TARGET), kernels.OneCore()]
     for knobs in knob_sets:
-        _check(_run(graph, knobs, arrays), want)
+        _check(run_graph(graph, knobs, arrays), want)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -243,7 +217,7 @@ def test_input_half_precisions_match_reference(dtype):
     conv = INPUT_CASES["odd-5-padded-blocks"]
     graph = _input_graph(conv, True, kernels.Precision(dtype, dtype))
     arrays = _inputs(graph)
-    _check(_run(graph, None, arrays), _input_expected(conv, arrays), dtype)
+    _check(run_graph(graph, None, arrays), _input_expected(conv, arrays), dtype)
 
 
 def test_where_the_input_form_applies():
@@ -269,24 +243,30 @@ def test_where_the_input_form_applies():
 
 
 def test_the_operator_races_the_input_form(measuring):
-    """Through ``convolution_backward`` from an empty cache: the input gradient's selection
-    timed the Winograd-along-D candidates (both widths) beside the other forms', and whichever
-    won, the gradient equals NumPy's."""
+    """The same for the input gradient, beside the temporal and packed forms."""
+    _through_operator("grad_input", (1, 32, 16, (6, 3, 8)), 6)
+
+
+def _through_operator(gradient: str, layer, seed: int) -> None:
+    """``layer``: (N, Cin, Cout, (D, H, W)) of a (3, 1, 1) layer padded by 1 in D."""
     from tbe_like import ops
 
-    rng = np.random.default_rng(6)
-    x = rng.standard_normal((1, 32, 6, 3, 8)).astype(np.float32)
-    w = rng.standard_normal((16, 32, 3, 1, 1)).astype(np.float32)
-    dy = rng.standard_normal((1, 16, 6, 3, 8)).astype(np.float32)
+    n, cin, cout, spatial = layer
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, cin, *spatial)).astype(np.float32)
+    w = rng.standard_normal((cout, cin, 3, 1, 1)).astype(np.float32)
+    dy = rng.standard_normal((n, cout, *spatial)).astype(np.float32)
+    which = 0 if gradient == "grad_input" else 1
     geometry = dict(stride=[1] * 3, padding=[1, 0, 0], dilation=[1] * 3, transposed=False,
-                    output_padding=[0] * 3, groups=1, output_mask=(True, False, False))
+                    output_padding=[0] * 3, groups=1,
+                    output_mask=tuple(i == which for i in range(3)))
     executor = ops.prepare_convolution_backward(dy, x, w, bias_sizes=None, **geometry)
-    times = executor.kernels["grad_input"].metadata["para_dict"]["selection"]["times_ms"]
-    timed = {n for n in times if n.startswith(kernels.WINOGRAD_D + ": ")}
+    times = executor.kernels[gradient].metadata["para_dict"]["selection"]["times_ms"]
+    timed = {name for name in times if name.startswith(kernels.WINOGRAD_D + ": ")}
     assert {lanes for lanes in (8, 16) if any(f"lanes={lanes}" in n for n in timed)} == {8, 16}
     want = ref.convolution_backward(dy.astype(np.float64), x.astype(np.float64),
-                                    w.astype(np.float64), **geometry)[0]
-    _check(executor(dy, x, w)[0], want)
+                                    w.astype(np.float64), **geometry)[which]
+    _check(executor(dy, x, w)[which], want)
 
 
 # Non-finite values (README, "Non-finite values") -------------------------------------------
@@ -302,7 +282,7 @@ def test_non_finite_values_spread_as_documented(bad):
     graph = _input_graph(conv)
     dy, w = _inputs(graph)
     dy[1, 3, 2, 1, 4] = bad
-    ours, theirs = ~np.isfinite(_run(graph, None, [dy, w])), ~np.isfinite(
+    ours, theirs = ~np.isfinite(run_graph(graph, None, [dy, w])), ~np.isfinite(
         _input_expected(conv, [dy, w]))
     assert theirs.any() and np.all(ours[theirs])
     for n, ci, d, h, x in zip(*np.nonzero(ours & ~theirs), strict=True):
@@ -312,7 +292,7 @@ def test_non_finite_values_spread_as_documented(bad):
     graph = _graph(conv, True)
     x, dy = _inputs(graph)
     x[0, 2, 3, 1, 1] = bad
-    ours, theirs = ~np.isfinite(_run(graph, None, [x, dy])), ~np.isfinite(
+    ours, theirs = ~np.isfinite(run_graph(graph, None, [x, dy])), ~np.isfinite(
         _expected(conv, [x, dy]))
     assert theirs.any() and np.all(ours[theirs])
     assert np.array_equal(ours.any(axis=(2, 3, 4)), theirs.any(axis=(2, 3, 4)))
