@@ -190,10 +190,11 @@ def update_stores(func, name: str) -> int:
     return len(found)
 
 
-def run_graph(graph, knobs, arrays, seed=None):
-    """Build a framework operator's kernel ``graph`` for this host with ``knobs`` (its rule's,
-    ``SAMPLE`` drawn at ``seed``) under the bounds proof, no loop vectorized wider than
-    ``schedules.common.MAX_VECTOR_LANES``, and run it on ``arrays``: its result."""
+def run_graph(graph, knobs, arrays, seed=None, target=None):
+    """Build a framework operator's kernel ``graph`` for ``target`` (default this host; it
+    must run here) with ``knobs`` (its rule's, ``SAMPLE`` drawn at ``seed``) under the bounds
+    proof, no loop vectorized wider than ``schedules.common.MAX_VECTOR_LANES``, and run it on
+    ``arrays``: its result."""
     from tbe_like.schedules.common import MAX_VECTOR_LANES
 
     from tbe_like._tvm import IRModule, s_tir, structural_walk, tirx
@@ -202,7 +203,7 @@ def run_graph(graph, knobs, arrays, seed=None):
     from tbe_like.ops import kernels
     from tbe_like.target import host_target
 
-    target = host_target()
+    target = target or host_target()
     sch = s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)}),
                          **({} if seed is None else {"seed": seed}))
     sch = kernels.schedule(sch, graph, target, knobs)

@@ -20,7 +20,7 @@ from tbe_like.schedules.common import SAMPLE
 from tbe_like.schedules.llvm import conv3d_backprop_filter as dw_rule
 
 from tbe_like import stages
-from tbe_like._tvm import IRModule, s_tir
+from tbe_like._tvm import IRModule, Target, s_tir
 from tbe_like.ops import kernels
 from tbe_like.target import host_target
 from tbe_like.testing import reference as ref
@@ -210,6 +210,26 @@ def test_every_input_candidate_matches_reference(name, m):
     knob_sets = [*candidates(graph.op, TARGET), kernels.OneCore()]
     for knobs in knob_sets:
         _check(run_graph(graph, knobs, arrays), want)
+
+
+def test_the_input_tile_fits_the_target_registers():
+    """AVX-512 (16 lanes a register): 14 positions of a 28-column row, 7 with 8 accumulators;
+    AVX2 (8): 4 C0 vectors' worth for either width (a 16-lane vector is two ymm). Built for an
+    AVX2 target (``znver3``, run on this host whatever it is: AVX2 is a subset of every
+    x86-64 CPU the tests run on), every candidate matches the reference."""
+    from tbe_like.schedules.llvm.conv3d_backprop_input_winograd_d import positions
+
+    assert [positions(28, 16, 16, None, 16), positions(28, 16, 16, 8, 16),
+            positions(28, 16, 8, None, 16)] == [14, 7, 4]
+    assert [positions(28, 16, 16, None, 8), positions(28, 16, 16, 8, 8),
+            positions(28, 16, 8, None, 8)] == [4, 4, 4]
+    avx2 = Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})
+    conv = INPUT_CASES["odd-5-padded-blocks"]
+    graph = _input_graph(conv)
+    arrays = _inputs(graph)
+    want = _input_expected(conv, arrays)
+    for knobs in candidates(graph.op, avx2):
+        _check(run_graph(graph, knobs, arrays, target=avx2), want)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from tbe_like import stages
 from tbe_like.params import INPUT_WINO_D_OP, WinogradDInputParams
+from tbe_like.target import vector_lanes
 
 from ..common import (
     HEURISTIC_LANES,
@@ -32,14 +33,20 @@ from ..common import (
 from ..registry import register
 
 # Accumulators of the register tile, by the lanes a candidate is sized for: 16 of AVX-512's 32
-# registers (W=28: 14 positions; 28 spilled, 1.36 against 0.98 ms), 8 of AVX2's 16.
+# registers (W=28: 14 positions; 28 spilled, 1.36 against 0.98 ms), 8 of AVX2's 16
+# (:func:`positions` counts a 16-lane vector as two of those on an AVX2 target).
 ACCUMULATORS = {16: 16, 8: 8, 4: 8}
 
 
-def positions(width: int, c0: int, lanes: int, accumulators: int | None = None) -> int:
+def positions(width: int, c0: int, lanes: int, accumulators: int | None = None,
+              native: int | None = None) -> int:
     """Positions of a row in the register tile (a divisor of ``width``): the most whose C0
-    vectors fit ``accumulators`` (default: :data:`ACCUMULATORS` of the width)."""
-    budget = accumulators or ACCUMULATORS.get(lanes, 8)
+    vectors fit ``accumulators`` (default: :data:`ACCUMULATORS` of the width). ``native``:
+    the target's lanes per register (default ``lanes``); where a vector of ``lanes`` takes
+    several of its registers (16 lanes on an AVX2 host: two ymm), the budget is the target's
+    own width's, counted in such vectors (AVX2, 16 lanes: 4 positions, not 14)."""
+    per = max(1, lanes // (native or lanes))
+    budget = (accumulators or ACCUMULATORS.get(min(lanes, native or lanes), 8)) // per
     vectors = max(1, c0 // lanes)
     return max((d for d in divisors(width) if d * vectors <= budget), default=1)
 
@@ -83,7 +90,8 @@ def schedule(sch, p: WinogradDInputParams, target, knobs: Heuristic | None = Non
     mad = sch.get_sblock(stages.DX_WINO_D_MAD)
     sch.compute_at(mad, row, preserve_unit_loops=True)
     cb, _, e, x, ci0, co = sch.get_loops(mad)[-6:]  # (.., cb, h, e, x, ci0, co)
-    x_o, x_i = sch.split(x, [None, positions(p.in_spatial[2], c0, lanes, accumulators)])
+    x_o, x_i = sch.split(x, [None, positions(p.in_spatial[2], c0, lanes, accumulators,
+                                             vector_lanes(target))])
     sch.reorder(cb, e, x_o, co, x_i, ci0)
     sch.unroll(x_i)
     sch.vectorize(ci0)
