@@ -176,7 +176,8 @@ def schedule(sch, p: BackpropFilterParams, target,
     names = block_names(sch)
     winograd = stages.DW_WINO_X in names  # along W: a point for kw, a tile for wo
     along_d = stages.DW_WINO_D_X in names  # along D: a point for kd, a tile for do
-    if winograd or along_d:
+    transformed = winograd or along_d
+    if transformed:
         _schedule_winograd(sch, p.geometry.c0, target, along_d)
     else:
         sch.compute_inline(sch.get_sblock(stages.DW_FMAP_COL))
@@ -195,7 +196,7 @@ def schedule(sch, p: BackpropFilterParams, target,
         if not isinstance(knobs, Knobs):
             h = knobs or Heuristic(vector_lanes(target))
             rows = int(sch.get(ho).extent)
-            steps = None if winograd or along_d else reduction * rows * int(sch.get(wo).extent)
+            steps = None if transformed else reduction * rows * int(sch.get(wo).extent)
             knobs = default_knobs(p, h.lanes, num_threads(target), result, reduction,
                                   int(sch.get(kw).extent), h.split_k, rows, steps, h.whole)
         _check_divides(sch, knobs, co, kw, ho, ci1)
@@ -230,7 +231,7 @@ def schedule(sch, p: BackpropFilterParams, target,
         parallel(sch, [grp, co_p, k_o], target)
         sch.vectorize(sch.get_loops(sch.get_sblock(stages.DW_MAD))[-1])  # adds the partials
         first = nd
-        if not (winograd or along_d):
+        if not transformed:
             # Each task pads the planes of its own (n, do) step, and packs their dy: neither
             # is written out whole and read back (the task's slice stays in cache), and the
             # kernel wakes the thread pool once, not for every stage (a 2D 4x4 patch
@@ -246,7 +247,7 @@ def schedule(sch, p: BackpropFilterParams, target,
     else:
         parallel(sch, [grp, co_p], target)
         first = n
-        if not (winograd or along_d):
+        if not transformed:
             fuse_parallel_vectorize(sch, stages.DW_FMAP_PAD, 2, target)
     # The register tile of the reduction. After ``rfactor`` the split loops' handles name the
     # loops of the block that adds the partials, not of ``dw_mad_rf``: the tile's loops are

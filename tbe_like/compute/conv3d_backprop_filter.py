@@ -143,21 +143,33 @@ def _winograd_x(x_pad: te.Tensor, wino: Winograd, s: int, tiles: int) -> te.Tens
                       tag=_tag("wino_x"), attrs=source_rows(rows))
 
 
-def _winograd_dy(dy_mat: te.Tensor, wino: Winograd, s: int, tiles: int) -> te.Tensor:
-    """``(G, N, Do, Ho, m+2, tiles, cout_g)`` float32: A (AT transposed) of the m dy columns
-    of a tile, zero past Wo."""
+def _winograd_dy(dy_mat: te.Tensor, wino: Winograd, s: int, tiles: int, axis: int = 2
+                 ) -> te.Tensor:
+    """A (AT transposed) of the m dy positions of a tile along ``axis``, zero past the
+    output's, float32: along W (2) ``(G, N, Do, Ho, m+2, tiles, cout_g)``, along D (0)
+    ``(G, N, tiles, Ho, m+2, Wo, cout_g)``."""
     g, n, do, ho, wo, cout = (int(v) for v in dy_mat.shape)
+    extent = wo if axis == 2 else do
     zero = tirx.const(0, ACC_DTYPE)
 
-    def body(grp, nn, dd, hh, e, t, co):
-        cols = [tile_base(t, wino.m, s) + j * s for j in range(wino.m)]
-        y = [tirx.if_then_else(c < wo, dy_mat[grp, nn, dd, hh, tirx.min(c, wo - 1), co]
-                               .astype(ACC_DTYPE), zero) for c in cols]
+    def body(grp, nn, a, hh, e, b, co):
+        t = b if axis == 2 else a  # the tile; the other of (a, b) is dy's own row or column
+
+        def at(pos):
+            clamped = tirx.min(pos, extent - 1)
+            cell = ((grp, nn, a, hh, clamped, co) if axis == 2
+                    else (grp, nn, clamped, hh, b, co))
+            return tirx.if_then_else(pos < extent, dy_mat[cell].astype(ACC_DTYPE), zero)
+
+        y = [at(tile_base(t, wino.m, s) + j * s) for j in range(wino.m)]
         return pick(e, [combine([row[e_] for row in wino.at], y)
                         for e_ in range(wino.points)])
 
-    return te.compute((g, n, do, ho, wino.points, tiles, cout), body, name=stages.DW_WINO_DY,
-                      tag=_tag("wino_dy"))
+    if axis == 2:
+        return te.compute((g, n, do, ho, wino.points, tiles, cout), body,
+                          name=stages.DW_WINO_DY, tag=_tag("wino_dy"))
+    return te.compute((g, n, tiles, ho, wino.points, wo, cout), body, name=stages.DW_WINO_D_DY,
+                      tag=_tag("wino_d_dy"))
 
 
 def _mad_winograd(v: te.Tensor, u: te.Tensor, p: BackpropFilterParams) -> te.Tensor:
@@ -196,23 +208,6 @@ def _winograd_d_x(x_pad: te.Tensor, wino: Winograd, s: int, tiles: int) -> te.Te
                       tag=_tag("wino_d_x"), attrs=source_rows(rows))
 
 
-def _winograd_d_dy(dy_mat: te.Tensor, wino: Winograd, s: int, tiles: int) -> te.Tensor:
-    """``(G, N, tiles, Ho, m+2, Wo, cout_g)`` float32: A of the m dy rows (D) of a tile, zero
-    past Do."""
-    g, n, do, ho, wo, cout = (int(v) for v in dy_mat.shape)
-    zero = tirx.const(0, ACC_DTYPE)
-
-    def body(grp, nn, t, hh, e, ww, co):
-        rows = [tile_base(t, wino.m, s) + j * s for j in range(wino.m)]
-        y = [tirx.if_then_else(r < do, dy_mat[grp, nn, tirx.min(r, do - 1), hh, ww, co]
-                               .astype(ACC_DTYPE), zero) for r in rows]
-        return pick(e, [combine([row[e_] for row in wino.at], y)
-                        for e_ in range(wino.points)])
-
-    return te.compute((g, n, tiles, ho, wino.points, wo, cout), body, name=stages.DW_WINO_D_DY,
-                      tag=_tag("wino_d_dy"))
-
-
 def _mad_winograd_d(v: te.Tensor, u: te.Tensor, p: BackpropFilterParams) -> te.Tensor:
     """M: ``(G, m+2, cin1_g, kh, kw, cout_g, C0)``, each point reduced over (n, t, ho, wo):
     the direct form's reduction with a point for kd and a tile for do."""
@@ -234,20 +229,16 @@ def _mad_winograd_d(v: te.Tensor, u: te.Tensor, p: BackpropFilterParams) -> te.T
     return te.compute(shape, body, name=stages.DW_MAD, tag=_tag("mad"))
 
 
-def _winograd_d_taps(mad: te.Tensor, wino: Winograd):
-    """``read(grp, kd, ci1, kh, kw, co, ci0)``: tap ``kd`` = sum_e G[e][kd] * M_e."""
-    def read(grp, i_kd, ci1, i_kh, i_kw, co, ci0):
-        points = [mad[grp, e, ci1, i_kh, i_kw, co, ci0] for e in range(wino.points)]
-        return pick(i_kd, [combine([row[k] for row in wino.g], points) for k in range(3)])
+def _winograd_taps(mad: te.Tensor, wino: Winograd, axis: int = 2):
+    """``read(grp, kd, ci1, kh, kw, co, ci0)``: the tap along ``axis`` (``kw`` along W, 2;
+    ``kd`` along D, 0) = sum_e G[e][tap] * M_e, M holding the point where the direct form's
+    accumulator holds that tap."""
+    place = 4 if axis == 2 else 1  # the tap's index in a cell (grp, kd, ci1, kh, kw, co, ci0)
 
-    return read
-
-
-def _winograd_taps(mad: te.Tensor, wino: Winograd):
-    """``read(grp, kd, ci1, kh, kw, co, ci0)``: tap ``kw`` = sum_e G[e][kw] * M_e."""
-    def read(grp, i_kd, ci1, i_kh, i_kw, co, ci0):
-        points = [mad[grp, i_kd, ci1, i_kh, e, co, ci0] for e in range(wino.points)]
-        return pick(i_kw, [combine([row[k] for row in wino.g], points) for k in range(3)])
+    def read(*cell):
+        points = [mad[(*cell[:place], e, *cell[place + 1:])] for e in range(wino.points)]
+        return pick(cell[place], [combine([row[k] for row in wino.g], points)
+                                  for k in range(3)])
 
     return read
 
@@ -309,13 +300,12 @@ def conv3d_backprop_filter(x: te.Tensor, dy: te.Tensor, p: BackpropFilterParams,
     tiles = winograd_tiles(out[winograd_axis], wino.m, s)
     out[winograd_axis] = tiles * wino.m
     x_pad, dy_mat = _fmap_pad(x, p, out=tuple(out)), _dy_matrix(dy, p)
+    u = _winograd_dy(dy_mat, wino, s, tiles, winograd_axis)
     if winograd_axis == 0:
-        v = _winograd_d_x(x_pad, wino, s, tiles)
-        u = _winograd_d_dy(dy_mat, wino, s, tiles)
-        return _result(_winograd_d_taps(_mad_winograd_d(v, u, p), wino), p, attrs)
-    v = _winograd_x(x_pad, wino, s, tiles)
-    u = _winograd_dy(dy_mat, wino, s, tiles)
-    return _result(_winograd_taps(_mad_winograd(v, u, p), wino), p, attrs)
+        mad = _mad_winograd_d(_winograd_d_x(x_pad, wino, s, tiles), u, p)
+    else:
+        mad = _mad_winograd(_winograd_x(x_pad, wino, s, tiles), u, p)
+    return _result(_winograd_taps(mad, wino, winograd_axis), p, attrs)
 
 
 def conv3d_backprop_filter_cells(res: te.Tensor) -> te.Tensor | None:

@@ -1518,7 +1518,7 @@ def alternative_candidates(graph: Graph, target: Target) -> list:
 
     if graph.op in OWN_CANDIDATE_OPS:  # both widths
         return candidates(graph.op, target)
-    if graph.op == FILTER_OP and uses_winograd(graph):  # along D: both widths, split K or not
+    if stages.DW_WINO_D_X in stages.stage_names(graph.output):  # both widths, split K or not
         return [k for k in candidates(graph.op, target) if not k.whole]
     if graph.rows_only:  # both widths, row by row
         return [k for k in candidates(graph.op, target) if getattr(k, "rows", None)]
