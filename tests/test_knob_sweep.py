@@ -59,8 +59,9 @@ SHAPES = {
     "stride3-dil2": conv3d(1, 8, (7, 11, 11), 16, (3, 3, 3), stride=3, pad=2, dil=2),
     "dilated2": conv3d(1, 16, (3, 6, 9), 16, (3, 3, 3), pad=2, dil=2),
     "k153-cout1": conv3d(1, 16, (2, 7, 5), 1, (1, 5, 3)),
-    # 5 taps along W (the input gradient's F(2,5)): a tail tile, groups, dilation.
-    "k135-w11-groups2": conv3d(1, 20, (2, 5, 11), 24, (1, 3, 5), pad=2, groups=2),
+    # 5 taps along W (F(2,5); the weight gradient's from 12 output columns on): a tail
+    # tile, groups, dilation.
+    "k135-w13-groups2": conv3d(1, 20, (2, 5, 13), 24, (1, 3, 5), pad=2, groups=2),
     "k115-w13-dil2": conv3d(1, 16, (2, 3, 13), 16, (1, 1, 5), pad=4, dil=2),
     # 1x1x1 layers on small maps: the weight gradient's result unpacked per step of its
     # reduction (channels not multiples of 16, groups, stride 2).

@@ -1,4 +1,4 @@
-"""Winograd F(2,3) and F(4,3) (and the input gradient's F(2,5)) along W in the CPU input- and
+"""Winograd F(2,3) and F(4,3) (and F(2,5) for 5 taps) along W in the CPU input- and
 weight-gradient kernels
 (``compute.conv3d_backprop_input``, ``compute.conv3d_backprop_filter``).
 
@@ -102,6 +102,31 @@ def test_winograd_f25_input_gradient_matches_reference(name):
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
 
 
+# 5 taps along W: the weight gradient's F(2,5), on rows of at least
+# ``kernels.WINOGRAD_5_MIN_COLUMNS`` output columns (a tail tile, dilation, groups, batch 2,
+# padding in every axis).
+CASES_5_WEIGHT = {
+    "1d-odd-w": CASES_5["1d-odd-w"],
+    "dilated2": CASES_5["dilated2"],
+    "groups2-cin20-w13": conv3d(1, 20, (2, 5, 13), 24, (3, 3, 5), pad=2, groups=2),
+    "k555-w12-batch2": conv3d(2, 16, (3, 4, 12), 16, (5, 5, 5), pad=2),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES_5_WEIGHT))
+def test_winograd_f25_weight_gradient_matches_reference(name):
+    conv = CASES_5_WEIGHT[name]
+    prec = kernels.Precision("float32", "float32")
+    (x, dy), got = _check(conv, lambda wino: kernels.grad_weight(conv, prec, winograd=wino), 2,
+                          "grad_weight")
+    _, expected, _ = ref.convolution_backward(
+        dy.astype(np.float64), x.astype(np.float64), np.zeros(conv.w_shape),
+        stride=list(conv.strides), padding=[conv.pads[0], conv.pads[2], conv.pads[4]],
+        dilation=list(conv.dilations), transposed=False, output_padding=[0, 0, 0],
+        groups=conv.groups, output_mask=(False, True, False))
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+
+
 def test_winograd_f45_does_not_exist():
     """winograd=4 on a 5-tap layer: no F(4,5) (its points would reach +-3); W stays direct."""
     conv = CASES_5["dilated2"]
@@ -145,7 +170,12 @@ def test_winograd_applies_to_stride_one_three_or_five_taps_only():
         assert result_periods(graph.params, winograd=False) == conv.strides
     for conv, applies in [(CASES["even-w"], True), (CASES["dilated3-pad0"], True),
                           (conv3d(1, 16, (4, 8, 8), 16, (3, 3, 3), stride=2), False),
-                          (conv3d(1, 16, (4, 8, 8), 16, (3, 3, 5), pad=2), False)]:
+                          # 5 taps: F(2,5) from 12 output columns on, shorter rows direct.
+                          (conv3d(1, 16, (4, 8, 8), 16, (3, 3, 5), pad=2), False),
+                          (conv3d(1, 16, (4, 8, 11), 16, (3, 3, 5), pad=2), False),
+                          (conv3d(1, 16, (4, 8, 12), 16, (3, 3, 5), pad=2), True),
+                          (conv3d(1, 16, (4, 8, 12), 16, (3, 3, 5), pad=2, stride=2), False),
+                          (conv3d(1, 16, (4, 8, 16), 16, (3, 3, 7), pad=3), False)]:
         graph = kernels.grad_weight(conv, prec, winograd=True)
         names = stage_names(graph.output)
         assert (stages.DW_WINO_X in names) is applies

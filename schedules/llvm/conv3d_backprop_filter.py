@@ -20,9 +20,9 @@ few channels) and a merged group's result is small, the parallel loop is over ch
 (n, do) instead (split K, ``rfactor``): every task computes the whole result of its chunk into
 a partial, pads only the planes of its (n, do) step, and one pass adds the partials.
 
-With Winograd F(m,3) along W (the CPU kernels of ``tbe_like.ops``) the transformed x and dy
-are materialized instead, and the same loops run over the m+2 points (in place of kw) and the
-tiles (in place of wo): m+2 multiply-adds per m columns and tap row instead of 3m.
+With Winograd F(m,r) along W (the CPU kernels of ``tbe_like.ops``) the transformed x and dy
+are materialized instead, and the same loops run over the m+r-1 points (in place of kw) and
+the tiles (in place of wo): m+r-1 multiply-adds per m columns and tap row instead of r*m.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def default_knobs(p: BackpropFilterParams, lanes: int, threads: int, result_elem
     the output channels, or (``result_elems``: the float32 cells of a merged group's result,
     ``reduction``: the extent of the fused (n, do) loop) of the reduction when the channels
     would be split too finely and the result is small (``SPLIT_K_BYTES``). ``columns`` is the
-    extent of the tile's column loop: kw, or with Winograd the m+2 points (a tile must divide
+    extent of the tile's column loop: kw, or with Winograd the m+r-1 points (a tile must divide
     it: ``rfactor`` drops a split's predicate from the block that adds the partials).
     ``split_k`` forces split K on or off (``None``: as above). ``rows`` (Ho) and ``steps``
     (of the whole reduction, N*Do*Ho*Wo; None with Winograd): a gradient whose reduction

@@ -15,11 +15,12 @@ with ``m = (n, do, ho, wo)``. The stages, each named in ``tbe_like.stages``:
    wherever an output channel and an input channel belong to different original groups or a
    channel is padding (TBE leaves garbage there; we do not).
 
-**Winograd F(m,3) along W** (``winograd=True``; stride 1 and 3 taps in W, any dilation; the CPU
-kernels of ``tbe_like.ops``): ``dw_wino_x`` transforms the padded x (``BT``, m+2 points per
-tile of m output columns), ``dw_wino_dy`` transforms dy (``A``), ``dw_mad`` reduces each point
-over (n, do, ho, tiles) and ``dw_res`` applies ``G`` (see ``compute.winograd``): m+2
-multiply-adds per m columns and tap row instead of 3m. There is no column stage.
+**Winograd F(m,r) along W** (``winograd=True``; stride 1 and r = 3 or 5 taps in W, any
+dilation; the CPU kernels of ``tbe_like.ops``): ``dw_wino_x`` transforms the padded x (``BT``,
+m+r-1 points per tile of m output columns), ``dw_wino_dy`` transforms dy (``A``), ``dw_mad``
+reduces each point over (n, do, ho, tiles) and ``dw_res`` applies ``G`` (see
+``compute.winograd``): m+r-1 multiply-adds per m columns and tap row instead of r*m (F(4,3):
+6 for 12, F(2,5): 6 for 10). There is no column stage.
 
 **Winograd F(m,3) along D** (``winograd_axis=0``; stride 1 and 3 taps in D: a temporal
 (3, 1, 1) layer, whose W has no taps to transform): the same identity on tiles of m output
@@ -122,13 +123,15 @@ def _mad(col: te.Tensor, dy_mat: te.Tensor, p: BackpropFilterParams) -> te.Tenso
 def _winograd(p: BackpropFilterParams, winograd: bool | int, axis: int = 2
               ) -> Winograd | None:
     geo = p.geometry
-    if not winograd or geo.strides[axis] != 1 or geo.kernel[axis] != 3:
+    if not winograd or geo.strides[axis] != 1:
         return None
-    return choose(winograd, geo.out_spatial[axis], geo.dilations[axis], FILTER_OP)
+    return choose(winograd, geo.out_spatial[axis], geo.dilations[axis], FILTER_OP,
+                  taps=geo.kernel[axis])
 
 
 def _winograd_x(x_pad: te.Tensor, wino: Winograd, s: int, tiles: int) -> te.Tensor:
-    """``(N, Dp, C1, Hp, m+2, tiles, C0)`` float32: BT of the m+2 padded x columns of a tile."""
+    """``(N, Dp, C1, Hp, points, tiles, C0)`` float32: BT of the m+r-1 padded x columns of a
+    tile."""
     n, d, c1, h, _, c0 = (int(v) for v in x_pad.shape)
 
     def body(nn, dd, cb, hh, e, t, cc):
@@ -146,8 +149,8 @@ def _winograd_x(x_pad: te.Tensor, wino: Winograd, s: int, tiles: int) -> te.Tens
 def _winograd_dy(dy_mat: te.Tensor, wino: Winograd, s: int, tiles: int, axis: int = 2
                  ) -> te.Tensor:
     """A (AT transposed) of the m dy positions of a tile along ``axis``, zero past the
-    output's, float32: along W (2) ``(G, N, Do, Ho, m+2, tiles, cout_g)``, along D (0)
-    ``(G, N, tiles, Ho, m+2, Wo, cout_g)``."""
+    output's, float32: along W (2) ``(G, N, Do, Ho, points, tiles, cout_g)``, along D (0)
+    ``(G, N, tiles, Ho, points, Wo, cout_g)``."""
     g, n, do, ho, wo, cout = (int(v) for v in dy_mat.shape)
     extent = wo if axis == 2 else do
     zero = tirx.const(0, ACC_DTYPE)
@@ -173,7 +176,7 @@ def _winograd_dy(dy_mat: te.Tensor, wino: Winograd, s: int, tiles: int, axis: in
 
 
 def _mad_winograd(v: te.Tensor, u: te.Tensor, p: BackpropFilterParams) -> te.Tensor:
-    """M: ``(G, kd, cin1_g, kh, m+2, cout_g, C0)``, each point reduced over (n, do, ho, t)."""
+    """M: ``(G, kd, cin1_g, kh, points, cout_g, C0)``, each point reduced over (n, do, ho, t)."""
     geo, g = p.geometry, p.geometry.group
     (sd, sh, _), (dd, dh, _) = geo.strides, geo.dilations
     kd, kh, _ = geo.kernel
@@ -238,7 +241,7 @@ def _winograd_taps(mad: te.Tensor, wino: Winograd, axis: int = 2):
     def read(*cell):
         points = [mad[(*cell[:place], e, *cell[place + 1:])] for e in range(wino.points)]
         return pick(cell[place], [combine([row[k] for row in wino.g], points)
-                                  for k in range(3)])
+                                  for k in range(wino.r)])
 
     return read
 
@@ -282,8 +285,9 @@ def conv3d_backprop_filter(x: te.Tensor, dy: te.Tensor, p: BackpropFilterParams,
     attrs : dict, optional
         Attributes attached to the result stage (the DSL records its arguments there).
     winograd : bool or int
-        Compute W with Winograd F(m,3) where it applies (stride 1 and 3 taps along W): True
-        picks m as ``compute.winograd.choose`` does, 2 or 4 fixes it. Its stages are float32.
+        Compute W with Winograd F(m,r) where it applies (stride 1 and 3 or 5 taps along W):
+        True picks m as ``compute.winograd.choose`` does, 2 or 4 fixes it (there is no
+        F(4,5): 4 leaves 5 taps direct). Its stages are float32.
     winograd_axis : int
         The axis Winograd transforms: 2 (W) or 0 (D, the same where D has 3 taps at stride 1).
     """

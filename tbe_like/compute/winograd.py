@@ -2,7 +2,7 @@
 
 F(m, r) computes m outputs of an r-tap correlation ``y_i = sum_k x[i + k] * g[k]`` from
 m+r-1 inputs with m+r-1 multiplications (Lavin & Gray); F(2,3) and F(4,3) serve both gradients
-(3 taps), F(2,5) the input gradient of 5-tap layers (6 multiplications per 2 columns instead of
+(3 taps), F(2,5) both gradients of 5-tap layers (6 multiplications per 2 columns instead of
 10; the points of F(4,3), so the same rounding):
 
     y = AT ((G g) * (BT x))

@@ -202,7 +202,7 @@ WINOGRAD_ENV = "TBE_LIKE_WINOGRAD"
 
 
 def winograd_on(target: Target) -> bool:
-    """Whether the kernels for ``target`` use Winograd F(m,3) along W where it applies
+    """Whether the kernels for ``target`` use Winograd F(m,r) along W where it applies
     (``compute.conv3d_backprop_input``/``_filter``): on CPUs, where the multiply-adds are the
     time, unless ``TBE_LIKE_WINOGRAD=0``."""
     return str(target.kind.name) == "llvm" and os.environ.get(WINOGRAD_ENV, "1") != "0"
@@ -324,7 +324,7 @@ def grad_weight(conv: Conv3d, prec: Precision, names=("input", "grad_output", "g
     ``channels_last`` takes x and dy as ``(N, D, H, W, C)``; ``out_layout`` is
     ``(shape, index, name)`` for another result layout (see ``unpack_filter_gradient``);
     ``x_spatial`` is the spatial shape of the x array when the convolution reads only its
-    leading ``conv.in_spatial`` rows. ``winograd``: Winograd F(m,3) along W where it applies
+    leading ``conv.in_spatial`` rows. ``winograd``: Winograd F(m,r) along W where it applies
     (``compute.conv3d_backprop_filter``), along D with ``winograd_axis`` 0. ``unpack_cells``:
     the result layout reads the direct form's accumulator itself, not the FRACTAL_Z_3D result
     (the CPU rule can then unpack it in steps of the reduction; the CUDA template folds the
@@ -355,6 +355,8 @@ def grad_weight(conv: Conv3d, prec: Precision, names=("input", "grad_output", "g
         _geometry(core, group, core.batch, core.in_spatial, core.out_spatial),
         tuple(int(s) for s in x6.shape), tuple(int(s) for s in dy6.shape), cd, ACC_DTYPE,
         names[2], {})
+    if winograd_axis == 2 and not weight_winograd_w_applies(core):
+        winograd = False
     res = compute.conv3d_backprop_filter(x6, dy6, p, winograd=winograd,
                                          winograd_axis=winograd_axis)
     live = None
@@ -481,6 +483,26 @@ ROWS_LANES = 16
 GROUP_ROWS_MAX_CHANNELS = 8
 
 
+# Output columns (Wo) at least for a weight gradient of 5 taps in W to take Winograd F(2,5)
+# (:func:`weight_winograd_w_applies`). Its transforms' result holds 6 points per 5 taps, each
+# summed over (n, do, ho) and a tile of 2 columns, against the direct form's live taps (W's
+# padding skipped). Zen 4, kernels alone, fastest candidate of each form, 5x5x5 layers of
+# neither benchmark half, F(2,5) / direct: 32 -> 32 on 8^3 0.58 / 0.43 ms, 96 -> 96 on 9^3
+# 5.72 / 5.46, 32 -> 32 on 10^3 0.81 / 0.85, 64 -> 64 on 10^3 3.12 / 3.20, 32 -> 32 on 12^3
+# 1.42 / 1.99, 64 -> 64 on 12^3 5.19 / 6.90, 32 -> 32 on 14^3 2.01 / 2.47, 24 -> 48 on 20^3
+# 9.43 / 12.1, 16 -> 16 on 24^3 2.79 / 3.53; (1, 5, 5) 32 -> 64 on 8x16x16 0.93 / 1.14.
+WINOGRAD_5_MIN_COLUMNS = 12
+
+
+def weight_winograd_w_applies(conv: Conv3d) -> bool:
+    """Whether the weight gradient of ``conv`` (after :func:`live_taps` and :func:`tap_fold`)
+    computes W with Winograd where the kernel asks for it (``winograd=True``): stride 1 and 3
+    taps (F(m,3), any row; on short rows measured selection races the direct form), or 5
+    taps over rows of at least ``WINOGRAD_5_MIN_COLUMNS`` output columns (F(2,5))."""
+    kw, columns = conv.kernel[2], conv.out_spatial[2]
+    return conv.strides[2] == 1 and (kw == 3 or (kw == 5 and columns >= WINOGRAD_5_MIN_COLUMNS))
+
+
 # The form of a weight gradient computed with Winograd F(m,3) along D (:func:`winograd_d_applies`)
 # in measured selection, a name the shipped cost model does not describe: always timed.
 WINOGRAD_D = "winograd_d"
@@ -502,7 +524,7 @@ def winograd_d_applies(conv: Conv3d) -> bool:
     along D (``compute.conv3d_backprop_filter``'s ``winograd_axis=0``): 3 live taps in D at
     stride 1 over at least ``WINOGRAD_D_MIN_ROWS`` output rows, without groups and with a
     block (``C0``) of channels on either side (fewer are the rows forms' layers); where W
-    takes Winograd of its own (3 taps at stride 1), on planes of at least
+    takes Winograd of its own (:func:`weight_winograd_w_applies`), on planes of at least
     ``WINOGRAD_D_BESIDE_W_MIN_POSITIONS`` positions (W's tiles and D's race: 3x3x3 layers of
     neither half, fastest of W's, D's and the direct form: 128 -> 128 on 8x14x14 4.49 / 3.72 /
     5.59 ms, 192 -> 192 on 4x14x14 6.71 / 4.80 / 5.93, 64 -> 128 on 8x16x16 2.56 / 2.45 /
@@ -513,7 +535,7 @@ def winograd_d_applies(conv: Conv3d) -> bool:
     6x14x14 lost (0.19 ms against 0.14: its transforms are most of a small kernel), hence the
     race."""
     core = (live_taps(conv) or (None, conv))[1]
-    w_winograd = core.kernel[2] == 3 and core.strides[2] == 1
+    w_winograd = weight_winograd_w_applies(core)
     return (core.kernel[0] == 3 and core.strides[0] == 1
             and core.out_spatial[0] >= WINOGRAD_D_MIN_ROWS
             and (not w_winograd or core.out_spatial[1] * core.out_spatial[2]
