@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tbe_like.lowering import LIVE_ROWS, PARTITION, SOURCE_ROWS, iterations, rows_of
-from tbe_like.target import vector_lanes
+from tbe_like.target import vector_lanes, vector_registers
 
 # Pass as a rule's ``knobs`` to draw the knobs with ``sample_perfect_tile`` instead of fixing
 # them: the rule then describes a MetaSchedule search space (``tbe_like.tune``).
@@ -64,6 +64,14 @@ def knob_lanes(knobs, target) -> int:
     """The lanes a rule's ``knobs`` size it for: a :class:`Heuristic`'s, else (no knobs, or
     ``SAMPLE`` for a rule without a search space of its own) the target's."""
     return knobs.lanes if isinstance(knobs, Heuristic) else vector_lanes(target)
+
+
+def tile_registers(target, lanes: int) -> int:
+    """The vector registers a register tile of ``lanes``-lane vectors may fill on ``target``,
+    counted in such vectors: the target's (32 with AVX-512, else 16), fewer where one vector
+    takes several of its registers (a 16-lane vector is two of AVX2's ymm: 8). A tile sized
+    for more spilled its accumulators, which LLVM then loaded and stored at every step."""
+    return vector_registers(target) // max(1, lanes // vector_lanes(target))
 
 
 def divisors(n: int) -> list[int]:

@@ -49,7 +49,7 @@ CASES = {  # (conv, dtype)
 def test_every_tile_matches_reference(name, lanes, registers, monkeypatch):
     """Each width's tile as this host picks it, and as a host of the other register count
     would (the tile is the only thing the count changes)."""
-    monkeypatch.setattr(rule, "vector_registers", lambda target: registers)
+    monkeypatch.setattr(rule, "tile_registers", lambda target, lanes: registers)
     conv, dtype = CASES[name]
     assert kernels.outer_applies(conv)
     prec = kernels.Precision.on(TARGET, dtype, dtype)
@@ -63,15 +63,22 @@ def test_every_tile_matches_reference(name, lanes, registers, monkeypatch):
 
 
 def test_the_tile_fits_the_registers():
-    """Accumulators, dy vectors and a broadcast in the registers; a whole kernel row of one
-    block one register over where only single columns would fit otherwise."""
+    """(vectors of output channels, columns): accumulators, dy vectors and a broadcast in the
+    registers, never one over (LLVM then keeps the accumulators in memory); whole blocks, or
+    part of one where a block by a kernel row does not fit."""
     assert rule.tile(4, 7, 1, 32) == (2, 7)  # 14 + 2 + 1 (4 x 7 needs 33)
-    assert rule.tile(4, 7, 2, 32) == (1, 7)  # ymm: 28 + 4 + 1 for 2 x 7
-    assert rule.tile(4, 7, 2, 16) == (1, 7)  # AVX2: 17 of 16 (else 2 x 1)
+    assert rule.tile(4, 7, 2, 32) == (2, 7)  # ymm: one block, 14 + 2 + 1 (two need 33)
+    assert rule.tile(4, 7, 2, 16) == (1, 7)  # AVX2: half a block, 7 + 1 + 1 (a block 17)
     assert rule.tile(3, 7, 1, 32) == (3, 7)
     assert rule.tile(4, 3, 1, 32) == (4, 3)
-    assert rule.tile(4, 16, 2, 16) == (1, 4)  # a row of 16 does not fit even one over
-    assert rule.tile(1, 1, 2, 16) == (1, 1)
+    assert rule.tile(4, 16, 2, 16) == (2, 4)  # 8 accumulators, 6 loads a position (1 x 8: 9)
+    assert rule.tile(1, 1, 2, 16) == (2, 1)
+    assert rule.tile(4, 7, 1, 8) == (2, 1)  # 16 lanes on AVX2: 8 registers of two ymm each
+    for blocks, columns, vectors, registers in [(4, 7, 2, 16), (4, 7, 1, 32), (2, 5, 2, 16),
+                                                (4, 7, 1, 8), (1, 16, 2, 16)]:
+        cv, kw = rule.tile(blocks, columns, vectors, registers)
+        assert cv * kw + cv + 1 <= registers and columns % kw == 0
+        assert cv % vectors == 0 or vectors % cv == 0
 
 
 def test_which_layers_have_the_form():

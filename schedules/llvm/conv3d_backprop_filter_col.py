@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from tbe_like import stages
 from tbe_like.params import FILTER_COL_OP, ColFilterParams
-from tbe_like.target import vector_registers
 
 from ..common import (
     Heuristic,
@@ -31,6 +30,7 @@ from ..common import (
     fuse_parallel_vectorize,
     knob_lanes,
     parallel,
+    tile_registers,
     transpose_in_tiles,
     width_candidates,
 )
@@ -76,7 +76,7 @@ def schedule_gemm(sch, block, rows, columns, reduction, n_rows: int, n_columns: 
     # The last ``tail`` columns: one vector of them per tile of rows. (The loop starts where
     # the whole vectors end, which ``split`` does not take.)
     columns_, rows_, reduction_ = sch.get_loops(last)
-    rows_o, rows_i = sch.split(rows_, [None, tile(n_rows, 1, vector_registers(target))[0]])
+    rows_o, rows_i = sch.split(rows_, [None, tile(n_rows, 1, tile_registers(target, lanes))[0]])
     _finish_tile(sch, last, [rows_o], reduction_, [rows_i], columns_, target)
 
 
@@ -84,7 +84,7 @@ def _schedule_tiles(sch, block, rows, columns, reduction, n_rows: int, vectors: 
                     lanes: int, target, columns_first: bool) -> None:
     """:func:`schedule_gemm`'s register tiles on ``vectors`` whole vectors of ``lanes``
     columns."""
-    rows_t, per_tile = tile(n_rows, vectors, vector_registers(target))
+    rows_t, per_tile = tile(n_rows, vectors, tile_registers(target, lanes))
     rows_o, rows_i = sch.split(rows, [None, rows_t])
     columns_o, columns_v, lane = sch.split(columns, [None, per_tile, lanes])
     outer = [columns_o, rows_o] if columns_first else [rows_o, columns_o]
@@ -113,7 +113,7 @@ def panel_columns(p: ColFilterParams, lanes: int, target) -> int:
     and lost 8% on a (1, 3, 3) 256 -> 576 on 2x7x7: it stays row-major.)"""
     if p.columns % lanes:
         return 0
-    return tile(p.cout, p.columns // lanes, vector_registers(target))[1] * lanes
+    return tile(p.cout, p.columns // lanes, tile_registers(target, lanes))[1] * lanes
 
 
 def schedule_im2col(sch, block, taps: int, target) -> None:

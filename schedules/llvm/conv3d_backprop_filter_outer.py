@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from tbe_like import stages
 from tbe_like.params import FILTER_OUTER_OP, OuterFilterParams
-from tbe_like.target import vector_registers
 
 from ..common import (
     Heuristic,
@@ -30,6 +29,7 @@ from ..common import (
     knob_lanes,
     parallel,
     skip_padding,
+    tile_registers,
     width_candidates,
 )
 from ..registry import register
@@ -39,24 +39,26 @@ TILE_BLOCKS = 4
 
 
 def tile(blocks: int, columns: int, vectors: int, registers: int) -> tuple[int, int]:
-    """(blocks of output channels, kernel columns) of the register tile: divisors of
-    ``blocks`` and ``columns`` whose accumulators (``vectors`` registers per block and column),
-    dy vectors and one broadcast fit in ``registers``; the most accumulators, then the most
-    columns (each dy vector then feeds more of them). Where only a tile of fewer columns fits,
-    a whole kernel row of one block one register over: LLVM then takes one dy vector from
-    memory in each FMA, where a tile of single columns loads dy again for every column.
-    Measured on SlowFast's slow stem (64 channels, 7 columns; Zen 4): 16 lanes 2 x 7 1.21 ms,
-    1 x 7 1.22, 4 x 7 (33 registers) 3.43, 2 x 1 2.95; 8 lanes 1 x 7 1.19, 2 x 7 (33) 1.43;
-    built for AVX2 (16 registers) 1 x 7 (17) 2.22, 2 x 1 3.02, the rows form 2.47."""
-    def need(co: int, kw: int) -> int:
-        return (co * kw + co) * vectors + 1
+    """(vectors of output channels, kernel columns) of the register tile: whole blocks
+    (``vectors`` registers each, a divisor of ``blocks``, at most ``TILE_BLOCKS``) or a divisor
+    of one block's vectors, by a divisor of ``columns``, whose accumulators, dy vectors and
+    one broadcast fit in ``registers``; the most accumulators, then the fewest loads per
+    position (dy vectors and broadcasts), then the most columns.
 
-    fits = [(co, kw) for co in divisors(blocks) for kw in divisors(columns)
-            if co <= TILE_BLOCKS and need(co, kw) <= registers]
-    best = max(fits, key=lambda t: (t[0] * t[1], t[1]))
-    if best[1] < columns and need(1, columns) <= registers + 1:
-        return 1, columns
-    return best
+    The accumulators live in registers only where LLVM can keep every one of them there
+    across the position loops: one register over, it loaded and stored them at every position.
+    AVX2 (16 registers, a 16-channel block two vectors) on R3D's stem (64 channels, 3x7x7 at
+    stride (1, 2, 2)), built for ``znver3`` and run on Zen 4: a block by 7 columns (17
+    registers) 8.0 ms, one vector by 7 columns (9) 2.2 ms, the AVX-512 build 1.5 ms. Measured
+    on SlowFast's slow stem (64 channels, 7 columns; Zen 4, AVX-512): 16 lanes 2 x 7 blocks
+    1.21 ms, 1 x 7 1.22, 4 x 7 (33 registers) 3.43, 2 x 1 2.95."""
+    def need(cv: int, kw: int) -> int:
+        return cv * kw + cv + 1
+
+    widths = sorted({*divisors(vectors), *(d * vectors for d in divisors(blocks)
+                                            if d <= TILE_BLOCKS)})
+    fits = [(cv, kw) for cv in widths for kw in divisors(columns) if need(cv, kw) <= registers]
+    return max(fits, key=lambda t: (t[0] * t[1], -t[0] - t[1], t[1]))
 
 
 @register(FILTER_OUTER_OP, "llvm", candidates=width_candidates)
@@ -68,18 +70,21 @@ def schedule(sch, p: OuterFilterParams, target, knobs: Heuristic | None = None):
         fuse_parallel_vectorize(sch, name, 3, target)
     outer = sch.get_sblock(stages.DW_OUTER)
     co, ci, kd, kh, kw, v, n, do, ho, wo = sch.get_loops(outer)
-    co_tile, kw_tile = tile(-(-p.cout // p.block), p.kernel[2], p.block // lanes,
-                            vector_registers(target))
+    vectors = p.block // lanes
+    tile_vectors, kw_tile = tile(-(-p.cout // p.block), p.kernel[2], vectors,
+                                 tile_registers(target, lanes))
+    # Whole blocks, or part of one: the block's other vectors are then tiles of their own (v_a).
+    co_tile, v_tile = max(1, tile_vectors // vectors), min(tile_vectors, vectors)
     co_o, co_i = sch.split(co, [None, co_tile])
     kw_o, kw_i = sch.split(kw, [None, kw_tile])
-    v_o, v_i = sch.split(v, [None, lanes])
-    sch.reorder(co_o, ci, kd, kh, kw_o, n, do, ho, wo, kw_i, co_i, v_o, v_i)
+    v_a, v_o, v_i = sch.split(v, [None, v_tile, lanes])
+    sch.reorder(co_o, ci, kd, kh, kw_o, v_a, n, do, ho, wo, kw_i, co_i, v_o, v_i)
     parallel(sch, [co_o, ci, kd, kh], target)
     sch.vectorize(v_i)
     for loop in (v_o, co_i, kw_i):
         sch.unroll(loop)
     # The tile's accumulators are zeroed under the parallel loop, once per tile.
-    flatten_init(sch, sch.decompose_reduction(outer, n), lanes, 2)
+    flatten_init(sch, sch.decompose_reduction(outer, n), lanes, 3)
     skip_padding(sch, outer, stages.DW_OUTER_X, (2, 3))
     fuse_parallel_vectorize(sch, stages.DW_OUTER_RES, 2, target)
     return sch

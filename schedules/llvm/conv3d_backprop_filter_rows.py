@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from tbe_like import stages
 from tbe_like.params import FILTER_ROWS_OP, RowsFilterParams
-from tbe_like.target import vector_registers
 
 from ..common import (
     Heuristic,
@@ -35,6 +34,7 @@ from ..common import (
     parallel,
     skip_padding,
     sum_lanes_in_task,
+    tile_registers,
     width_candidates,
 )
 from ..registry import register
@@ -91,13 +91,14 @@ def schedule(sch, p: RowsFilterParams, target, knobs: Heuristic | None = None):
     rf = sch.rfactor(lane, 5)  # dw_rows_rf (Cout, Cin, kd, kh, kw, lanes): a partial per lane
     co, ci, kd, kh, kw, n, do, ho, wo_o, lane = sch.get_loops(rf)
     taps = p.kernel[1] * p.kernel[2]
-    if depthwise_tile(p, int(sch.get(ci).extent), vector_registers(target)):
-        co_o, co_i = sch.split(co, [None, tile(p.cout, taps, vector_registers(target))])
+    registers = tile_registers(target, lanes)
+    if depthwise_tile(p, int(sch.get(ci).extent), registers):
+        co_o, co_i = sch.split(co, [None, tile(p.cout, taps, registers)])
         sch.reorder(co_o, ci, kd, n, do, ho, wo_o, co_i, kh, kw, lane)
         task = parallel(sch, [co_o, ci, kd], target)
         sch.unroll(kh)
     else:
-        co_o, co_i = sch.split(co, [None, tile(p.cout, p.kernel[2], vector_registers(target))])
+        co_o, co_i = sch.split(co, [None, tile(p.cout, p.kernel[2], registers)])
         sch.reorder(co_o, ci, kd, kh, n, do, ho, wo_o, co_i, kw, lane)
         task = parallel(sch, [co_o, ci, kd, kh], target)
     sch.unroll(co_i)
