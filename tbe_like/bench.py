@@ -566,7 +566,7 @@ def _schedule_of(row: dict) -> str:
 
 def host_description() -> dict:
     """The machine a table was measured on: CPU model, LLVM ``mcpu``, vector width."""
-    from tbe_like.target import host_cpu, host_cpu_flags, host_target, vector_lanes
+    from tbe_like.target import CPU_ENV, host_cpu, host_cpu_flags, host_target, vector_lanes
 
     model = "unknown"
     try:
@@ -576,9 +576,14 @@ def host_description() -> dict:
     except OSError:
         pass
     flags = host_cpu_flags()
-    return {"cpu": model, "mcpu": host_cpu(), "vector_bits": 32 * vector_lanes(host_target()),
+    host = {"cpu": model, "mcpu": host_cpu(), "vector_bits": 32 * vector_lanes(host_target()),
             "features": sorted(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile")
                                if f in flags)}
+    if os.environ.get(CPU_ENV, "").strip():  # another host class's kernels, built here
+        host["as_cpu"] = {"TBE_LIKE_CPU": os.environ[CPU_ENV], **{
+            k: os.environ[k] for k in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
+            if k in os.environ}}
+    return host
 
 
 def width_rows(shapes, repeat: int, budget: float) -> list[dict]:
@@ -734,11 +739,23 @@ def main(argv=None, prog: str | None = None) -> int:
 ENV = ("TBE_LIKE_TUNED", "TBE_LIKE_RECORDS", "TBE_LIKE_CACHE_DIR")
 
 
+def _torch_as_host() -> None:
+    """Where ``TBE_LIKE_CPU`` names a CPU model without AVX-512 (the kernels another host class
+    gets, built and timed here), PyTorch runs as on such a host too: oneDNN and ATen limited
+    to AVX2 (``ONEDNN_MAX_CPU_ISA``, ``ATEN_CPU_CAPABILITY``; read when torch is imported)."""
+    from tbe_like.target import CPU_ENV, host_cpu_flags
+
+    if os.environ.get(CPU_ENV, "").strip() and "avx512f" not in host_cpu_flags():
+        os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
+        os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
+
+
 def _main(args) -> int:
     if args.untuned:
         os.environ["TBE_LIKE_TUNED"] = "0"
     elif args.records:
         os.environ["TBE_LIKE_RECORDS"] = os.path.abspath(args.records)
+    _torch_as_host()
     try:
         import torch
     except ImportError:
@@ -757,7 +774,8 @@ def _main(args) -> int:
         shapes = [s for s in shapes if s.name in args.only]
     host = host_description()
     print(f"host: {host['cpu']} | LLVM mcpu {host['mcpu']} | {host['vector_bits']}-bit vectors "
-          f"| {' '.join(host['features'])} | {platform.machine()}")
+          f"| {' '.join(host['features'])} | {platform.machine()}"
+          + "".join(f" | {k}={v}" for k, v in host.get("as_cpu", {}).items()))
     print(f"threads: tbe_like TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS')}, torch "
           f"{torch.get_num_threads()} | torch {torch.__version__}")
     print(f"{'shape':18} {'grad':6} {'dtype':8} {'tbe ms':>10} {'torch-in':>10} {'kernel':>10} "

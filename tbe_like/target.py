@@ -60,10 +60,25 @@ def ensure_threads() -> int:
     return int(os.environ.setdefault("TVM_NUM_THREADS", str(cpu_count())))
 
 
+# ``TBE_LIKE_CPU``: the LLVM CPU model that host kernels are built for instead of this
+# machine's, with only the vector features this machine has too (:func:`host_cpu_flags`): the
+# kernels another host class gets, built and timed here (``znver3`` on a Zen 4 is an AVX2
+# host with 16 vector registers). Read once, before the first kernel is built.
+CPU_ENV = "TBE_LIKE_CPU"
+
+
 @functools.lru_cache(maxsize=1)
 def host_cpu() -> str:
-    """The LLVM name of this machine's CPU (e.g. ``znver3``, ``sapphirerapids``)."""
-    return str(target_codegen.llvm_get_system_cpu())
+    """The LLVM name of this machine's CPU (e.g. ``znver3``, ``sapphirerapids``), or the model
+    ``TBE_LIKE_CPU`` names."""
+    chosen = os.environ.get(CPU_ENV, "").strip()
+    if not chosen:
+        return str(target_codegen.llvm_get_system_cpu())
+    known = {str(c) for c in target_codegen.llvm_get_cpu_archlist(Target({"kind": "llvm"}))}
+    if chosen not in known:
+        raise ValueError(f"{CPU_ENV} must name a CPU model LLVM knows (e.g. 'znver3', "
+                         f"'skylake-avx512'), got {chosen!r}")
+    return chosen
 
 
 def host_target() -> Target:
@@ -233,15 +248,28 @@ def vector_registers(target: Target) -> int:
 
 @functools.lru_cache(maxsize=1)
 def host_cpu_flags() -> frozenset[str]:
-    """The feature flags of this machine's CPU as the kernel reports them (Linux)."""
+    """The feature flags of this machine's CPU as the kernel reports them (Linux); where
+    ``TBE_LIKE_CPU`` names a model, without the vector features that model lacks."""
+    flags = frozenset()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
                 if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
+                    flags = frozenset(line.split(":", 1)[1].split())
+                    break
     except OSError:  # pragma: no cover - not Linux
         pass
-    return frozenset()
+    if flags and os.environ.get(CPU_ENV, "").strip():
+        model = cpu_features(Target({"kind": "llvm", "mcpu": host_cpu()}))
+
+        def in_model(flag: str) -> bool:
+            if not flag.startswith(("avx", "amx", "fma", "f16c")):
+                return True
+            return bool({_CPUINFO_TO_LLVM.get(flag), flag.replace("_", ""),
+                         flag.replace("_", "-")} & model)
+
+        flags = frozenset(f for f in flags if in_model(f))
+    return flags
 
 
 def required_x86_features(target: Target) -> list[str]:

@@ -85,6 +85,57 @@ def test_kernels_for_a_cpu_without_avx512_have_no_zmm_code(cpu):
     assert "ymm" in asm and "zmm" not in asm
 
 
+@pytest.fixture
+def as_cpu(monkeypatch):
+    """``as_cpu(name)``: ``TBE_LIKE_CPU`` set to ``name`` (the host's CPU read again)."""
+    def choose(name):
+        monkeypatch.setenv(target_module.CPU_ENV, name)
+        host_cpu.cache_clear()
+        host_cpu_flags.cache_clear()
+
+    yield choose
+    monkeypatch.delenv(target_module.CPU_ENV, raising=False)
+    host_cpu.cache_clear()
+    host_cpu_flags.cache_clear()
+
+
+def test_another_host_class_is_built_for_with_only_this_cpus_features(as_cpu):
+    """``TBE_LIKE_CPU=znver3``: the host target is an AVX2 host with 16 registers whatever this
+    CPU is; its kernels need no AVX-512 and compute here. A model with features this CPU lacks
+    gets them switched off; a name LLVM does not know is a clear error."""
+    real = host_cpu_flags()
+    as_cpu("znver3")
+    target = host_target()
+    assert str(target.attrs["mcpu"]) == "znver3" and vector_lanes(target) == 8
+    assert not any(f.startswith(("avx512", "amx")) for f in host_cpu_flags())
+    conv = kernels.Conv3d(1, 3, 16, (2, 6, 8), (2, 3, 4), (1, 3, 3), (1, 2, 2),
+                          (0, 0, 1, 1, 1, 1), (1, 1, 1), 1)
+    graph = kernels.grad_weight_outer(conv, kernels.Precision("float32", "float32"))
+    sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})),
+                           graph, target)
+    lib = compile_checked(sch.mod, target)
+    assert "zmm" not in lib.mod.inspect_source("asm")
+    rng = np.random.default_rng(3)
+    x, dy = (rng.standard_normal(s).astype("float32") for s in (conv.x_shape, conv.y_shape))
+    dev = tvm.cpu()
+    out = tvm.runtime.tensor(np.zeros(conv.w_shape, "float32"), dev)
+    lib["main"](tvm.runtime.tensor(x, dev), tvm.runtime.tensor(dy, dev), out)
+    want = np.zeros(conv.w_shape)
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (0, 0), (1, 1), (1, 1)))
+    for i in range(3):
+        for j in range(3):
+            patch = xp[:, :, :, i:i + 5:2, j:j + 7:2]
+            want[:, :, 0, i, j] = np.einsum("nodhw,ncdhw->oc", dy, patch)
+    np.testing.assert_allclose(out.numpy(), want, rtol=0, atol=1e-4 * np.abs(want).max())
+    as_cpu("sapphirerapids")  # AVX-512 (and FP16) only where this CPU has it too
+    features = cpu_features(host_target())
+    assert vector_lanes(host_target()) == (16 if "avx512f" in real else 8)
+    assert ("avx512fp16" in features) is ("avx512_fp16" in real)
+    as_cpu("no-such-cpu")
+    with pytest.raises(ValueError, match="TBE_LIKE_CPU must name a CPU model"):
+        host_target()
+
+
 def test_a_kernel_of_many_unrolled_stores_is_built_without_tvms_cse(monkeypatch):
     """A 5x5x5 stride-2 input gradient's AVX-512 tile unrolls to thousands of stores: TVM's
     common-subexpression elimination, whose time grows faster than the code, is left to
