@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from tbe_like import stages
 from tbe_like.params import INPUT_ROWS_OP, RowsInputParams
+from tbe_like.target import vector_registers
 
 from ..common import (
     Heuristic,
@@ -34,14 +35,17 @@ from ..common import (
 from ..registry import register
 
 
-def vectors(cin: int, columns: int, lanes: int, registers: int) -> int:
+def vectors(cin: int, columns: int, lanes: int, registers: int, dy_vectors: int | None = None
+            ) -> int:
     """Vectors of columns in the register tile (a divisor of the row's): the most whose
-    ``cin`` accumulators each, the broadcast weights and the tile's dy vectors fit in
-    ``registers``. (LLVM loads a tap's dy vectors together: counted as one, 3 channels by 4
-    vectors took all 16 of AVX2's registers and spilled. R3D's stem, built for ``znver3`` and
-    run on Zen 4: 4.07 -> 2.85 ms, c3d's conv1 0.61 -> 0.57, X3D's (1, 3, 3) stem 0.22 ->
-    0.20; with AVX-512 within 2%, X3D's 8-lane build 0.25 -> 0.19.)"""
-    fits = [v for v in divisors(columns // lanes) if cin * v + cin + v <= registers]
+    ``cin`` accumulators each, the broadcast weights and the tile's dy vectors (or
+    ``dy_vectors`` of them) fit in ``registers``. (LLVM loads a tap's dy vectors together:
+    counted as one, 3 channels by 4 vectors took all 16 of AVX2's registers and spilled.
+    R3D's stem, built for ``znver3`` and run on Zen 4: 4.07 -> 2.85 ms, c3d's conv1 0.61 ->
+    0.57, X3D's (1, 3, 3) stem 0.22 -> 0.20; with AVX-512 within 2%, X3D's 8-lane build 0.25
+    -> 0.19.)"""
+    fits = [v for v in divisors(columns // lanes)
+            if cin * v + cin + (v if dy_vectors is None else dy_vectors) <= registers]
     return max(fits, default=1)
 
 
@@ -84,10 +88,15 @@ def schedule(sch, p: RowsInputParams, target, knobs: Heuristic | None = None):
             fuse_parallel_vectorize(sch, name, 3, target)
             continue
         n, ci, d, h, c, co, td, th, tw = loops
-        registers = tile_registers(target, lanes)
         if p.group_cin:
-            v = vectors(p.group_cin, columns, lanes, registers)
+            # Grouped tiles as sized before 2026-11-28, in the target's registers whatever
+            # the lanes, one dy vector counted: on AVX2 a depthwise layer's 16-lane tiles ran
+            # fastest so (X3D-like 192 channels on 8x7x7, built for znver3: 0.20 ms, 0.25
+            # counted in two-ymm vectors); their dy vectors feed the FMAs straight from memory.
+            registers = vector_registers(target)
+            v = vectors(p.group_cin, columns, lanes, registers, dy_vectors=1)
         else:
+            registers = tile_registers(target, lanes)
             tile, v = channel_tile(p.cin, columns, lanes, registers)
         c_o, c_v, lane = sch.split(c, [None, v, lanes])
         if p.group_cin:  # a group's channels share its dy vectors: groups in parallel
