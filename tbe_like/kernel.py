@@ -532,7 +532,7 @@ def _load_library(so_path: Path, digest: str) -> Any:
 
 def _host_features() -> set[str]:
     """This CPU's features in LLVM's spelling (``/proc/cpuinfo`` spells a few differently)."""
-    flags = set(_target.host_cpu_flags())
+    flags = set(_target.cpu_flags())  # the CPU's own, even where TBE_LIKE_CPU names another
     if not flags:  # unknown platform: trust the build
         return {"avx512f", "avx512bw", "avx2", "fma", "f16c"}
     return flags

@@ -247,18 +247,24 @@ def vector_registers(target: Target) -> int:
 
 
 @functools.lru_cache(maxsize=1)
-def host_cpu_flags() -> frozenset[str]:
-    """The feature flags of this machine's CPU as the kernel reports them (Linux); where
-    ``TBE_LIKE_CPU`` names a model, without the vector features that model lacks."""
-    flags = frozenset()
+def cpu_flags() -> frozenset[str]:
+    """The feature flags of this machine's CPU as the kernel reports them (Linux), whatever
+    ``TBE_LIKE_CPU`` says: what a kernel may use to run here."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
                 if line.startswith("flags"):
-                    flags = frozenset(line.split(":", 1)[1].split())
-                    break
+                    return frozenset(line.split(":", 1)[1].split())
     except OSError:  # pragma: no cover - not Linux
         pass
+    return frozenset()
+
+
+@functools.lru_cache(maxsize=1)
+def host_cpu_flags() -> frozenset[str]:
+    """The feature flags the host target is built for: this CPU's (:func:`cpu_flags`); where
+    ``TBE_LIKE_CPU`` names a model, without the vector features that model lacks."""
+    flags = cpu_flags()
     if flags and os.environ.get(CPU_ENV, "").strip():
         model = cpu_features(Target({"kind": "llvm", "mcpu": host_cpu()}))
 
