@@ -64,19 +64,30 @@ def _check(conv, build, m, kind="grad_input"):
     return arrays, wino
 
 
+def _matches_reference(conv, kind, arrays, got):
+    """``got`` equals the float64 NumPy gradient ``kind`` of ``conv`` from ``arrays`` ((dy, w)
+    for the input gradient, (x, dy) for the weight gradient)."""
+    wide = [a.astype(np.float64) for a in arrays]
+    if kind == "grad_input":
+        dy, w = wide
+        x, mask, index = np.zeros(conv.x_shape), (True, False, False), 0
+    else:
+        x, dy = wide
+        w, mask, index = np.zeros(conv.w_shape), (False, True, False), 1
+    expected = ref.convolution_backward(
+        dy, x, w, stride=list(conv.strides), padding=[conv.pads[0], conv.pads[2], conv.pads[4]],
+        dilation=list(conv.dilations), transposed=False, output_padding=[0, 0, 0],
+        groups=conv.groups, output_mask=mask)[index]
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+
+
 @pytest.mark.parametrize("m", [2, 4])
 @pytest.mark.parametrize("name", list(CASES))
 def test_winograd_input_gradient_matches_reference(name, m):
     conv = CASES[name]
     prec = kernels.Precision("float32", "float32")
-    (dy, w), got = _check(conv, lambda wino: kernels.grad_input(conv, prec, winograd=wino), m)
-    x = np.zeros(conv.x_shape)
-    expected, _, _ = ref.convolution_backward(
-        dy.astype(np.float64), x, w.astype(np.float64), stride=list(conv.strides),
-        padding=[conv.pads[0], conv.pads[2], conv.pads[4]], dilation=list(conv.dilations),
-        transposed=False, output_padding=[0, 0, 0], groups=conv.groups,
-        output_mask=(True, False, False))
-    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+    arrays, got = _check(conv, lambda wino: kernels.grad_input(conv, prec, winograd=wino), m)
+    _matches_reference(conv, "grad_input", arrays, got)
 
 
 # 5 taps along W: the input gradient's F(2,5).
@@ -93,13 +104,8 @@ CASES_5 = {
 def test_winograd_f25_input_gradient_matches_reference(name):
     conv = CASES_5[name]
     prec = kernels.Precision("float32", "float32")
-    (dy, w), got = _check(conv, lambda wino: kernels.grad_input(conv, prec, winograd=wino), 2)
-    expected, _, _ = ref.convolution_backward(
-        dy.astype(np.float64), np.zeros(conv.x_shape), w.astype(np.float64),
-        stride=list(conv.strides), padding=[conv.pads[0], conv.pads[2], conv.pads[4]],
-        dilation=list(conv.dilations), transposed=False, output_padding=[0, 0, 0],
-        groups=conv.groups, output_mask=(True, False, False))
-    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+    arrays, got = _check(conv, lambda wino: kernels.grad_input(conv, prec, winograd=wino), 2)
+    _matches_reference(conv, "grad_input", arrays, got)
 
 
 # 5 taps along W: the weight gradient's F(2,5), on rows of at least
@@ -117,14 +123,9 @@ CASES_5_WEIGHT = {
 def test_winograd_f25_weight_gradient_matches_reference(name):
     conv = CASES_5_WEIGHT[name]
     prec = kernels.Precision("float32", "float32")
-    (x, dy), got = _check(conv, lambda wino: kernels.grad_weight(conv, prec, winograd=wino), 2,
-                          "grad_weight")
-    _, expected, _ = ref.convolution_backward(
-        dy.astype(np.float64), x.astype(np.float64), np.zeros(conv.w_shape),
-        stride=list(conv.strides), padding=[conv.pads[0], conv.pads[2], conv.pads[4]],
-        dilation=list(conv.dilations), transposed=False, output_padding=[0, 0, 0],
-        groups=conv.groups, output_mask=(False, True, False))
-    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+    arrays, got = _check(conv, lambda wino: kernels.grad_weight(conv, prec, winograd=wino), 2,
+                         "grad_weight")
+    _matches_reference(conv, "grad_weight", arrays, got)
 
 
 def test_winograd_f45_does_not_exist():
@@ -139,15 +140,9 @@ def test_winograd_f45_does_not_exist():
 def test_winograd_weight_gradient_matches_reference(name, m):
     conv = CASES[name]
     prec = kernels.Precision("float32", "float32")
-    (x, dy), got = _check(conv, lambda wino: kernels.grad_weight(conv, prec, winograd=wino), m,
-                          "grad_weight")
-    w = np.zeros(conv.w_shape)
-    _, expected, _ = ref.convolution_backward(
-        dy.astype(np.float64), x.astype(np.float64), w, stride=list(conv.strides),
-        padding=[conv.pads[0], conv.pads[2], conv.pads[4]], dilation=list(conv.dilations),
-        transposed=False, output_padding=[0, 0, 0], groups=conv.groups,
-        output_mask=(False, True, False))
-    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+    arrays, got = _check(conv, lambda wino: kernels.grad_weight(conv, prec, winograd=wino), m,
+                         "grad_weight")
+    _matches_reference(conv, "grad_weight", arrays, got)
 
 
 def test_winograd_forward_matches_direct():
