@@ -566,7 +566,14 @@ def _schedule_of(row: dict) -> str:
 
 def host_description() -> dict:
     """The machine a table was measured on: CPU model, LLVM ``mcpu``, vector width."""
-    from tbe_like.target import CPU_ENV, host_cpu, host_cpu_flags, host_target, vector_lanes
+    from tbe_like.target import (
+        CPU_ENV,
+        cpu_override,
+        host_cpu,
+        host_cpu_flags,
+        host_target,
+        vector_lanes,
+    )
 
     model = "unknown"
     try:
@@ -579,8 +586,8 @@ def host_description() -> dict:
     host = {"cpu": model, "mcpu": host_cpu(), "vector_bits": 32 * vector_lanes(host_target()),
             "features": sorted(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile")
                                if f in flags)}
-    if os.environ.get(CPU_ENV, "").strip():  # another host class's kernels, built here
-        host["as_cpu"] = {"TBE_LIKE_CPU": os.environ[CPU_ENV], **{
+    if cpu_override():  # another host class's kernels, built here
+        host["as_cpu"] = {CPU_ENV: cpu_override(), **{
             k: os.environ[k] for k in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
             if k in os.environ}}
     return host
@@ -743,9 +750,9 @@ def _torch_as_host() -> None:
     """Where ``TBE_LIKE_CPU`` names a CPU model without AVX-512 (the kernels another host class
     gets, built and timed here), PyTorch runs as on such a host too: oneDNN and ATen limited
     to AVX2 (``ONEDNN_MAX_CPU_ISA``, ``ATEN_CPU_CAPABILITY``; read when torch is imported)."""
-    from tbe_like.target import CPU_ENV, host_cpu_flags
+    from tbe_like.target import cpu_override, host_cpu_flags
 
-    if os.environ.get(CPU_ENV, "").strip() and "avx512f" not in host_cpu_flags():
+    if cpu_override() and "avx512f" not in host_cpu_flags():
         os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
         os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
 

@@ -67,11 +67,16 @@ def ensure_threads() -> int:
 CPU_ENV = "TBE_LIKE_CPU"
 
 
+def cpu_override() -> str:
+    """The CPU model ``TBE_LIKE_CPU`` names ("" where it is unset or blank)."""
+    return os.environ.get(CPU_ENV, "").strip()
+
+
 @functools.lru_cache(maxsize=1)
 def host_cpu() -> str:
     """The LLVM name of this machine's CPU (e.g. ``znver3``, ``sapphirerapids``), or the model
     ``TBE_LIKE_CPU`` names."""
-    chosen = os.environ.get(CPU_ENV, "").strip()
+    chosen = cpu_override()
     if not chosen:
         return str(target_codegen.llvm_get_system_cpu())
     known = {str(c) for c in target_codegen.llvm_get_cpu_archlist(Target({"kind": "llvm"}))}
@@ -265,7 +270,7 @@ def host_cpu_flags() -> frozenset[str]:
     """The feature flags the host target is built for: this CPU's (:func:`cpu_flags`); where
     ``TBE_LIKE_CPU`` names a model, without the vector features that model lacks."""
     flags = cpu_flags()
-    if flags and os.environ.get(CPU_ENV, "").strip():
+    if flags and cpu_override():
         model = cpu_features(Target({"kind": "llvm", "mcpu": host_cpu()}))
 
         def in_model(flag: str) -> bool:
