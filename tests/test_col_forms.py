@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from conftest import NP_DTYPES, RTOL, conv3d, misaligned, run_form
 from tbe_like.schedules.common import HEURISTIC_LANES, Heuristic
-from tbe_like.schedules.llvm.conv3d_backprop_filter_col import tile
+from tbe_like.schedules.llvm import conv3d_backprop_filter_col as col_rule
+from tbe_like.schedules.llvm.conv3d_backprop_filter_col import gemm_tile, tile
 from tbe_like.schedules.llvm.transpose import TILE_LANES, tile_lanes, transpose_tiles
 
 from tbe_like import bounds, ops, stages
@@ -159,12 +160,87 @@ def test_random_strided_input_gradients_match_reference(seed):
                                err_msg=str(conv))
 
 
+TAIL_CASES = {  # (conv, dtype): GEMMs whose rows the register tile's rows do not divide
+    # dW: 20 output channels x 256 columns; dX: 28 positions x 256 columns (transposed).
+    "pointwise-20x256": (conv3d(1, 256, (2, 2, 7), 20, (1, 1, 1), pad=0), "float32"),
+    # A (1, 3, 3) filter, padded: 144 columns; dW 26 output channels, dX 50 positions.
+    "k133-26x144": (conv3d(1, 16, (2, 5, 5), 26, (1, 3, 3), pad=(0, 1, 1)), "float32"),
+    # A strided pointwise layer (dX by phases), 15 positions, a bfloat16 result cast.
+    "pointwise-stride2-bfloat16": (conv3d(1, 128, (1, 10, 5), 14, (1, 1, 1), stride=(1, 2, 2),
+                                          pad=0), "bfloat16"),
+}
+
+
+@pytest.mark.parametrize("registers", [8, 16, 32])
+@pytest.mark.parametrize("lanes", HEURISTIC_LANES)
+@pytest.mark.parametrize("name", list(TAIL_CASES))
+def test_a_tile_of_rows_that_divides_none_ends_in_a_narrower_one(monkeypatch, name, lanes,
+                                                                 registers):
+    """Both GEMMs with the register budget of every host class (AVX2's 16 registers, 8 for
+    16-lane vectors there, AVX-512's 32) on whatever CPU runs the test, for two threads: where
+    a tile of rows that divides none holds more accumulators (:func:`gemm_tile`), the whole
+    tiles and the narrower last one, under the parallel column tiles, against NumPy under
+    the bounds proof; the rule's choice of a tail is the one built."""
+    monkeypatch.setattr(col_rule, "tile_registers", lambda target, lanes_: registers)
+    monkeypatch.setattr(col_rule, "num_threads", lambda target: 2)
+    conv, dtype = TAIL_CASES[name]
+    prec = kernels.Precision.on(TARGET, dtype, dtype)
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal(conv.x_shape).astype(NP_DTYPES[dtype])
+    w = rng.standard_normal(conv.w_shape).astype(NP_DTYPES[dtype])
+    dy = rng.standard_normal(conv.y_shape).astype(NP_DTYPES[dtype])
+    dx_want, dw_want = _gradients(conv, x, w, dy)
+    columns = conv.cin * math.prod(conv.kernel)
+    tails = []
+    for make, gemm, rows, args, want in (
+            (kernels.grad_weight_col, stages.DW_COL, conv.cout, (x, dy), dw_want),
+            (kernels.grad_input_col, stages.DX_COL, math.prod(conv.y_shape[2:]), (dy, w),
+             dx_want)):
+        graph = make(conv, prec)
+        got = run_form(graph, lanes, args)
+        np.testing.assert_allclose(got, want, rtol=0, atol=RTOL[dtype] * np.abs(want).max())
+        sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})),
+                               graph, TARGET, Heuristic(lanes))
+        tail = gemm_tile(rows, columns // lanes, lanes, TARGET)[2]
+        updates = [name for name in block_names_of(sch)
+                   if name.startswith(gemm) and name.endswith("_update")]
+        assert len(updates) == 1 + tail, updates
+        tails.append(tail)
+    assert any(tails) or (lanes, registers) == (16, 32)
+
+
+def block_names_of(sch) -> list[str]:
+    """The names of every block of ``sch``'s ``main``."""
+    names = []
+    structural_walk(sch.mod["main"].body,
+                    [(s_tir.SBlock, lambda block: names.append(block.name_hint))])
+    return names
+
+
 def test_the_tile_fits_the_registers():
     """Accumulators, the vectors of a row and one broadcast: 6 x 4 in 32 registers, 6 x 2 in
     16 (12 + 2 + 1); divisors of both extents."""
     assert tile(24, 4, 32) == (6, 4)
     assert tile(24, 4, 16) == (6, 2)
     assert tile(7, 3, 32) == (7, 3)
+
+
+@pytest.mark.parametrize("mcpu, lanes, rows, columns, want", [
+    # AVX2, power-of-two channels: 6 x 2 and a tail (12 accumulators) over 4 x 2 (8).
+    ("znver3", 8, 512, 1024, (6, 2, True)),
+    ("znver3", 8, 98, 1024, (6, 2, True)),  # 98 positions: 2 x 4 or 7 x 1 as divisors
+    ("znver3", 8, 24, 1024, (6, 2, False)),  # 6 divides 24
+    # 64 columns: four tiles of 2 vectors, two a thread (the least); 32: two.
+    ("znver3", 8, 64, 64, (6, 2, True)),
+    ("znver3", 8, 64, 32, (2, 4, False)),
+    ("skylake-avx512", 16, 512, 1024, (6, 4, True)),  # 24 accumulators over 16
+    ("skylake-avx512", 16, 64, 64, (4, 4, False)),  # one column tile of 4 vectors
+])
+def test_a_tile_of_rows_may_leave_a_narrower_last_one(mcpu, lanes, rows, columns, want):
+    """Where a tile of rows that divides none holds more accumulators and the column tiles
+    are enough for the threads (two here), the GEMM takes it and a narrower last tile."""
+    target = Target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
+    assert gemm_tile(rows, columns // lanes, lanes, target) == want
 
 
 def test_only_layers_of_few_positions_have_the_forms():
