@@ -98,15 +98,24 @@ def _host_cpu_config() -> dict:
     return {"mcpu": host_cpu(), **({"mattr": list(mattr)} if mattr else {})}
 
 
-# The vector features kernels use, as the Linux kernel's cpuinfo flags name them -> LLVM's
-# names. LLVM derives a CPU's features from its model (``mcpu``), which a hypervisor may report
-# for a CPU whose features it masks or extends (an Intel host with AVX-512 and AMX was read
-# as ``rocketlake``); the flags are what the CPU (or the hypervisor) says it executes.
+# The vector features, as the Linux kernel's cpuinfo flags name them -> LLVM's names. LLVM
+# derives a CPU's features from its model (``mcpu``), which a hypervisor may report for a CPU
+# whose features it masks or extends (an Intel host with AVX-512 and AMX was read as
+# ``rocketlake``); the flags are what the CPU (or the hypervisor) says it executes. Every
+# vector extension is here, not only those the kernels' own code asks for: LLVM may use any
+# feature of its target (a popcount, a byte shuffle, an integer dot product) where it finds
+# the pattern, and a feature the CPU lacks stops a kernel with an illegal instruction.
 _CPUINFO_TO_LLVM = {
     "sse4_1": "sse4.1", "sse4_2": "sse4.2", "avx": "avx", "avx2": "avx2", "fma": "fma",
     "f16c": "f16c", "avx512f": "avx512f", "avx512bw": "avx512bw", "avx512dq": "avx512dq",
     "avx512vl": "avx512vl", "avx512cd": "avx512cd", "avx512_bf16": "avx512bf16",
-    "avx512_vnni": "avx512vnni", "avx512_fp16": "avx512fp16",
+    "avx512_vnni": "avx512vnni", "avx512_fp16": "avx512fp16", "avx512vbmi": "avx512vbmi",
+    "avx512_vbmi2": "avx512vbmi2", "avx512ifma": "avx512ifma", "avx512_bitalg": "avx512bitalg",
+    "avx512_vpopcntdq": "avx512vpopcntdq", "avx512_vp2intersect": "avx512vp2intersect",
+    "avx_vnni": "avxvnni", "avx_vnni_int8": "avxvnniint8", "avx_ifma": "avxifma",
+    "avx_ne_convert": "avxneconvert", "amx_tile": "amx-tile", "amx_bf16": "amx-bf16",
+    "amx_int8": "amx-int8", "amx_fp16": "amx-fp16", "gfni": "gfni", "vaes": "vaes",
+    "vpclmulqdq": "vpclmulqdq",
 }
 
 
@@ -274,10 +283,8 @@ def host_cpu_flags() -> frozenset[str]:
         model = cpu_features(Target({"kind": "llvm", "mcpu": host_cpu()}))
 
         def in_model(flag: str) -> bool:
-            if not flag.startswith(("avx", "amx", "fma", "f16c")):
-                return True
-            return bool({_CPUINFO_TO_LLVM.get(flag), flag.replace("_", ""),
-                         flag.replace("_", "-")} & model)
+            feature = _CPUINFO_TO_LLVM.get(flag)
+            return feature is None or feature in model
 
         flags = frozenset(f for f in flags if in_model(f))
     return flags

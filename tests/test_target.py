@@ -27,7 +27,12 @@ from tbe_like.target import (
 _FLAGS = {"avx2": "avx2", "fma": "fma", "avx512f": "avx512f", "avx512bw": "avx512bw",
           "avx512dq": "avx512dq", "avx512vl": "avx512vl", "avx512cd": "avx512cd",
           "avx512_bf16": "avx512bf16", "avx512_vnni": "avx512vnni", "sse4_1": "sse4.1",
-          "sse4_2": "sse4.2", "avx": "avx", "f16c": "f16c", "avx512_fp16": "avx512fp16"}
+          "sse4_2": "sse4.2", "avx": "avx", "f16c": "f16c", "avx512_fp16": "avx512fp16",
+          "avx512vbmi": "avx512vbmi", "avx512_vbmi2": "avx512vbmi2",
+          "avx512ifma": "avx512ifma", "avx512_bitalg": "avx512bitalg",
+          "avx512_vpopcntdq": "avx512vpopcntdq", "avx_vnni": "avxvnni",
+          "amx_tile": "amx-tile", "amx_bf16": "amx-bf16", "amx_int8": "amx-int8",
+          "amx_fp16": "amx-fp16", "gfni": "gfni", "vaes": "vaes", "vpclmulqdq": "vpclmulqdq"}
 
 
 def _flags_of(cpu: str) -> frozenset[str]:
@@ -52,6 +57,19 @@ def test_features_the_cpu_lacks_are_switched_off():
     target = Target({"kind": "llvm", "mcpu": "sapphirerapids", "mattr": list(mattr),
                      "num-cores": 1})
     assert "avx512f" not in cpu_features(target) and vector_lanes(target) == 8
+
+
+def test_every_vector_extension_the_cpu_lacks_is_switched_off():
+    """Not only AVX-512's core: a Sapphire Rapids model whose hypervisor hides AMX and
+    AVX-VNNI (as Zen 4 does not have them, under ``TBE_LIKE_CPU=sapphirerapids``) loses them
+    from its target too; LLVM may emit any feature its target has."""
+    hidden = {"amx_tile", "amx_bf16", "amx_int8", "avx_vnni"}
+    mattr = host_mattr("sapphirerapids", _flags_of("sapphirerapids") - hidden)
+    assert {"-amx-tile", "-amx-bf16", "-amx-int8", "-avxvnni"} <= set(mattr)
+    target = Target({"kind": "llvm", "mcpu": "sapphirerapids", "mattr": list(mattr),
+                     "num-cores": 1})
+    assert not {"amx-tile", "amx-bf16", "amx-int8", "avxvnni"} & cpu_features(target)
+    assert "avx512f" in cpu_features(target)
 
 
 def test_features_the_model_lacks_are_switched_on():
