@@ -47,6 +47,13 @@ TILE_CHANNELS = 8
 # gradient of one 64-column tile ran 0.25 ms so, 0.16 with a divisor's tiles in parallel.
 TAIL_COLUMN_TILES = 2
 
+# The reduction a GEMM whose last tile of rows is narrower needs, at least: below it the GEMM
+# is bound by writing its product, which its parallel column tiles write a row apart. A
+# 240 -> 256 weight gradient of a 5x5x5 filter (a 30 MB product), divisor tiles against the
+# tail's (AVX-512, Zen 4): 1 position 0.43 / 1.38 ms, 16 positions 1.53 / 1.82, 32: 3.78 /
+# 2.96, 64: 5.60 / 5.47.
+TAIL_MIN_REDUCTION = 32
+
 
 def tile(rows: int, vectors: int, registers: int, tail: bool = False,
          column_tiles: int = 1) -> tuple[int, int]:
@@ -62,11 +69,13 @@ def tile(rows: int, vectors: int, registers: int, tail: bool = False,
     return max(fits, key=lambda t: (t[0] * t[1], -(t[0] + t[1])), default=(1, 1))
 
 
-def gemm_tile(rows: int, vectors: int, lanes: int, target) -> tuple[int, int, bool]:
+def gemm_tile(rows: int, vectors: int, lanes: int, target,
+              reduction: int = TAIL_MIN_REDUCTION) -> tuple[int, int, bool]:
     """The register tile of :func:`schedule_gemm` (:func:`tile`, for ``target``'s registers)
     and whether its last tile of rows is narrower: where that holds more accumulators than
     any tile of a divisor of ``rows``, with column tiles, which then run in parallel, each
-    over every row, at least ``TAIL_COLUMN_TILES`` a thread. Power-of-two channels hold 8
+    over every row, at least ``TAIL_COLUMN_TILES`` a thread, and a ``reduction`` of at least
+    ``TAIL_MIN_REDUCTION``. Power-of-two channels hold 8
     accumulators in AVX2's 16 registers as a divisor (4 x 2), 12 with a tail (6 x 2):
     pointwise layers on Zen 4 built for znver3, 6 x 2 against the divisor tile: weight
     gradients 256 -> 256 on 4x14x14 0.52 / 0.53 ms, 512 -> 512 on 2x7x7 0.26 / 0.29; input
@@ -77,7 +86,7 @@ def gemm_tile(rows: int, vectors: int, lanes: int, target) -> tuple[int, int, bo
     whole = tile(rows, vectors, registers)
     height, width = tile(rows, vectors, registers, tail=True,
                          column_tiles=TAIL_COLUMN_TILES * num_threads(target))
-    if height * width > whole[0] * whole[1]:
+    if height * width > whole[0] * whole[1] and reduction >= TAIL_MIN_REDUCTION:
         return height, width, True
     return (*whole, False)
 
@@ -116,7 +125,8 @@ def _schedule_tiles(sch, block, rows, columns, reduction, n_rows: int, vectors: 
                     lanes: int, target, columns_first: bool) -> None:
     """:func:`schedule_gemm`'s register tiles on ``vectors`` whole vectors of ``lanes``
     columns (:func:`gemm_tile`)."""
-    rows_t, per_tile, tail = gemm_tile(n_rows, vectors, lanes, target)
+    rows_t, per_tile, tail = gemm_tile(n_rows, vectors, lanes, target,
+                                       int(sch.get(reduction).extent))
     columns_o, columns_v, lane = sch.split(columns, [None, per_tile, lanes])
     if not tail:
         rows_o, rows_i = sch.split(rows, [None, rows_t])
@@ -162,7 +172,7 @@ def panel_columns(p: ColFilterParams, lanes: int, target) -> int:
     and lost 8% on a (1, 3, 3) 256 -> 576 on 2x7x7: it stays row-major.)"""
     if p.columns % lanes:
         return 0
-    return gemm_tile(p.cout, p.columns // lanes, lanes, target)[1] * lanes
+    return gemm_tile(p.cout, p.columns // lanes, lanes, target, p.positions)[1] * lanes
 
 
 def schedule_im2col(sch, block, taps: int, target) -> None:
