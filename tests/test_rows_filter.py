@@ -75,9 +75,16 @@ CASES = {  # (conv, dtype, padding (D, H, W) for the reference)
 }
 
 
+@pytest.mark.parametrize("registers", [None, 8])
 @pytest.mark.parametrize("lanes", HEURISTIC_LANES)
 @pytest.mark.parametrize("name", list(CASES))
-def test_every_tile_matches_reference(name, lanes):
+def test_every_tile_matches_reference(name, lanes, registers, monkeypatch):
+    """Each width's tile as this host picks it, and with 8 registers (16-lane vectors on AVX2,
+    where a 7-column kernel row does not fit one channel's tile: the fallback of one)."""
+    if registers:
+        from tbe_like.schedules.llvm import conv3d_backprop_filter_rows as rule
+
+        monkeypatch.setattr(rule, "tile_registers", lambda target, lanes_: registers)
     conv, dtype = CASES[name]
     assert kernels.rows_applies(conv) != kernels.weight_rows_out_applies(conv)
     prec = kernels.Precision.on(TARGET, dtype, dtype)

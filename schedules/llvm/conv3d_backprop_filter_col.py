@@ -51,7 +51,7 @@ TAIL_COLUMN_TILES = 2
 # is bound by writing its product, which its parallel column tiles write a row apart. A
 # 240 -> 256 weight gradient of a 5x5x5 filter (a 30 MB product), divisor tiles against the
 # tail's (AVX-512, Zen 4): 1 position 0.43 / 1.38 ms, 16 positions 1.53 / 1.82, 32: 3.78 /
-# 2.96, 64: 5.60 / 5.47.
+# 2.96 (a second run 2.88 / 3.00), 64: 5.60 / 5.47.
 TAIL_MIN_REDUCTION = 32
 
 
@@ -75,13 +75,12 @@ def gemm_tile(rows: int, vectors: int, lanes: int, target,
     and whether its last tile of rows is narrower: where that holds more accumulators than
     any tile of a divisor of ``rows``, with column tiles, which then run in parallel, each
     over every row, at least ``TAIL_COLUMN_TILES`` a thread, and a ``reduction`` of at least
-    ``TAIL_MIN_REDUCTION``. Power-of-two channels hold 8
-    accumulators in AVX2's 16 registers as a divisor (4 x 2), 12 with a tail (6 x 2):
-    pointwise layers on Zen 4 built for znver3, 6 x 2 against the divisor tile: weight
-    gradients 256 -> 256 on 4x14x14 0.52 / 0.53 ms, 512 -> 512 on 2x7x7 0.26 / 0.29; input
-    gradients 512 -> 256 on 2x14x14 0.56 / 0.69 ms, 1024 -> 512 on 2x7x7 (98 positions:
-    2 x 4) 0.76 / 1.61. AVX-512's 24 against 16 accumulators measured the same within 2-7%
-    either way on the same layers."""
+    ``TAIL_MIN_REDUCTION``. Power-of-two channels hold 8 accumulators in AVX2's 16 registers
+    as a divisor (4 x 2), 12 with a tail (6 x 2): pointwise layers on Zen 4 built for
+    znver3, 6 x 2 against the divisor tile: weight gradients 256 -> 256 on 4x14x14 0.52 /
+    0.53 ms, 512 -> 512 on 2x7x7 0.26 / 0.29; input gradients 512 -> 256 on 2x14x14 0.56 /
+    0.69 ms, 1024 -> 512 on 2x7x7 (98 positions: 2 x 4) 0.76 / 1.61. AVX-512's 24 against 16
+    accumulators measured the same within 2-7% either way on the same layers."""
     registers = tile_registers(target, lanes)
     whole = tile(rows, vectors, registers)
     height, width = tile(rows, vectors, registers, tail=True,
@@ -94,10 +93,10 @@ def gemm_tile(rows: int, vectors: int, lanes: int, target,
 def schedule_gemm(sch, block, rows, columns, reduction, n_rows: int, n_columns: int,
                   lanes: int, target, columns_first: bool = False) -> None:
     """A GEMM micro-kernel on the 2-D product ``block[rows, columns]`` summed over the loop
-    ``reduction``: register tiles of rows x vectors of columns (:func:`tile`, for the target's
-    registers) in parallel, the column tiles outer where ``columns_first`` (a column tile's
-    slice of the operand streamed along the reduction then stays in cache for every row tile),
-    the whole reduction inside each, the tile unrolled and its lanes vectorized.
+    ``reduction``: register tiles of rows x vectors of columns (:func:`gemm_tile`, for the
+    target's registers) in parallel, the column tiles outer where ``columns_first`` (a column
+    tile's slice of the operand streamed along the reduction then stays in cache for every row
+    tile), the whole reduction inside each, the tile unrolled and its lanes vectorized.
 
     Columns beyond the last whole vector (a filter row of 921 x 3 cells: R(2+1)D's odd
     channel counts) are a second GEMM of their own (``loop_partition``): one narrower vector
