@@ -102,9 +102,11 @@ def _host_cpu_config() -> dict:
 # derives a CPU's features from its model (``mcpu``), which a hypervisor may report for a CPU
 # whose features it masks or extends (an Intel host with AVX-512 and AMX was read as
 # ``rocketlake``); the flags are what the CPU (or the hypervisor) says it executes. Every
-# vector extension is here, not only those the kernels' own code asks for: LLVM may use any
-# feature of its target (a popcount, a byte shuffle, an integer dot product) where it finds
-# the pattern, and a feature the CPU lacks stops a kernel with an illegal instruction.
+# vector extension that /proc/cpuinfo names is here, not only those the kernels' own code asks
+# for: LLVM may use any feature of its target (a popcount, a byte shuffle, an integer dot
+# product) where it finds the pattern, and one the CPU lacks stops a kernel with an illegal
+# instruction. (Extensions cpuinfo does not print, such as AVX-IFMA or AMX-FP16, stay as the
+# model has them: no flag says otherwise.)
 _CPUINFO_TO_LLVM = {
     "sse4_1": "sse4.1", "sse4_2": "sse4.2", "avx": "avx", "avx2": "avx2", "fma": "fma",
     "f16c": "f16c", "avx512f": "avx512f", "avx512bw": "avx512bw", "avx512dq": "avx512dq",
@@ -112,10 +114,8 @@ _CPUINFO_TO_LLVM = {
     "avx512_vnni": "avx512vnni", "avx512_fp16": "avx512fp16", "avx512vbmi": "avx512vbmi",
     "avx512_vbmi2": "avx512vbmi2", "avx512ifma": "avx512ifma", "avx512_bitalg": "avx512bitalg",
     "avx512_vpopcntdq": "avx512vpopcntdq", "avx512_vp2intersect": "avx512vp2intersect",
-    "avx_vnni": "avxvnni", "avx_vnni_int8": "avxvnniint8", "avx_ifma": "avxifma",
-    "avx_ne_convert": "avxneconvert", "amx_tile": "amx-tile", "amx_bf16": "amx-bf16",
-    "amx_int8": "amx-int8", "amx_fp16": "amx-fp16", "gfni": "gfni", "vaes": "vaes",
-    "vpclmulqdq": "vpclmulqdq",
+    "avx_vnni": "avxvnni", "amx_tile": "amx-tile", "amx_bf16": "amx-bf16",
+    "amx_int8": "amx-int8", "gfni": "gfni", "vaes": "vaes", "vpclmulqdq": "vpclmulqdq",
 }
 
 

@@ -169,6 +169,13 @@ TAIL_CASES = {  # (conv, dtype): GEMMs whose rows the register tile's rows do no
     # A strided pointwise layer (dX by phases): 38 channels, 40 positions, bfloat16.
     "pointwise-stride2-bfloat16": (conv3d(1, 128, (2, 10, 7), 38, (1, 1, 1), stride=(1, 2, 2),
                                           pad=0), "bfloat16"),
+    # A filter row of 43 x 3 = 129 columns: the tail tile in the whole vectors' partition,
+    # beside the last column (70 positions, 40 output channels).
+    "odd-columns-temporal-129": (conv3d(1, 43, (2, 5, 7), 40, (3, 1, 1), pad=(1, 0, 0)),
+                                 "float32"),
+    # A batch of 2: the fused (n, position) rows of dX and reduction of dW cross images, the
+    # weight gradient's x transposed in panels (34 positions an image).
+    "pointwise-batch2": (conv3d(2, 128, (2, 1, 17), 44, (1, 1, 1), pad=0), "float32"),
 }
 
 
@@ -192,7 +199,7 @@ def test_a_tile_of_rows_that_divides_none_ends_in_a_narrower_one(monkeypatch, na
     dy = rng.standard_normal(conv.y_shape).astype(NP_DTYPES[dtype])
     dx_want, dw_want = _gradients(conv, x, w, dy)
     columns = conv.cin * math.prod(conv.kernel)
-    positions = math.prod(conv.y_shape[2:])  # a batch of 1
+    positions = conv.y_shape[0] * math.prod(conv.y_shape[2:])
     tails = []
     for make, gemm, rows, reduction, args, want in (
             (kernels.grad_weight_col, stages.DW_COL, conv.cout, positions, (x, dy), dw_want),
@@ -205,7 +212,7 @@ def test_a_tile_of_rows_that_divides_none_ends_in_a_narrower_one(monkeypatch, na
         tail = gemm_tile(rows, columns // lanes, lanes, TARGET, reduction)[2]
         updates = [name for name in block_names_of(sch)
                    if name.startswith(gemm) and name.endswith("_update")]
-        assert len(updates) == 1 + tail, updates
+        assert len(updates) == 1 + tail + bool(columns % lanes), updates
         tails.append(tail)
     assert all(tails) or (lanes, registers) == (16, 32)
 
@@ -241,9 +248,11 @@ def test_a_tile_of_rows_may_leave_a_narrower_last_one(mcpu, lanes, rows, columns
     """Where a tile of rows that divides none holds more accumulators and the column tiles
     are enough for the threads (two here), the GEMM takes it and a narrower last tile."""
     target = Target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
-    assert gemm_tile(rows, columns // lanes, lanes, target) == want
-    # A reduction of 16: the product written a row apart would cost more than the tile gains.
-    assert gemm_tile(rows, columns // lanes, lanes, target, 16)[2] is False
+    assert gemm_tile(rows, columns // lanes, lanes, target, 1024) == want
+    # Below a reduction of 32 the product written a row apart would cost more than the tile
+    # gains.
+    assert gemm_tile(rows, columns // lanes, lanes, target, 32)[2] is want[2]
+    assert gemm_tile(rows, columns // lanes, lanes, target, 31)[2] is False
 
 
 def test_only_layers_of_few_positions_have_the_forms():

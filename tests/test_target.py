@@ -31,8 +31,9 @@ _FLAGS = {"avx2": "avx2", "fma": "fma", "avx512f": "avx512f", "avx512bw": "avx51
           "avx512vbmi": "avx512vbmi", "avx512_vbmi2": "avx512vbmi2",
           "avx512ifma": "avx512ifma", "avx512_bitalg": "avx512bitalg",
           "avx512_vpopcntdq": "avx512vpopcntdq", "avx_vnni": "avxvnni",
-          "amx_tile": "amx-tile", "amx_bf16": "amx-bf16", "amx_int8": "amx-int8",
-          "amx_fp16": "amx-fp16", "gfni": "gfni", "vaes": "vaes", "vpclmulqdq": "vpclmulqdq"}
+          "avx512_vp2intersect": "avx512vp2intersect", "amx_tile": "amx-tile",
+          "amx_bf16": "amx-bf16", "amx_int8": "amx-int8", "gfni": "gfni", "vaes": "vaes",
+          "vpclmulqdq": "vpclmulqdq"}
 
 
 def _flags_of(cpu: str) -> frozenset[str]:

@@ -9,6 +9,10 @@ im2col matrix (``FILTER_COL_OP``, ``tbe_like.ops.kernels.grad_weight_col``).
         register tile: co_tile x vectors of f    co_tile broadcasts of dy, the vectors of x_col
       write the tile's cells of the 2-D product
 
+or, where a tile of output channels that divides none of them holds more accumulators
+(:func:`gemm_tile`), parallel over the column tiles alone, each over the whole tiles of output
+channels and then a narrower last one.
+
 x_col is built first: for a pointwise layer of stride 1 it is x transposed, copied in tiles
 transposed in registers (``schedules.llvm.transpose``); for a strided pointwise layer in tiles
 of positions x 16 columns (``transpose_in_tiles``); for a filter of several taps row by row
@@ -69,8 +73,8 @@ def tile(rows: int, vectors: int, registers: int, tail: bool = False,
     return max(fits, key=lambda t: (t[0] * t[1], -(t[0] + t[1])), default=(1, 1))
 
 
-def gemm_tile(rows: int, vectors: int, lanes: int, target,
-              reduction: int = TAIL_MIN_REDUCTION) -> tuple[int, int, bool]:
+def gemm_tile(rows: int, vectors: int, lanes: int, target, reduction: int
+              ) -> tuple[int, int, bool]:
     """The register tile of :func:`schedule_gemm` (:func:`tile`, for ``target``'s registers)
     and whether its last tile of rows is narrower: where that holds more accumulators than
     any tile of a divisor of ``rows``, with column tiles, which then run in parallel, each
