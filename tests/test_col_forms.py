@@ -80,17 +80,23 @@ def _gradients(conv, x, w, dy):
     return dx, dw
 
 
+def _case(conv, dtype: str, seed: int):
+    """Random x, w and dy of ``conv`` in ``dtype`` from ``seed``, and the NumPy reference's
+    (dX, dW) of them: (x, w, dy, dx, dw)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(conv.x_shape).astype(NP_DTYPES[dtype])
+    w = rng.standard_normal(conv.w_shape).astype(NP_DTYPES[dtype])
+    dy = rng.standard_normal(conv.y_shape).astype(NP_DTYPES[dtype])
+    return (x, w, dy, *_gradients(conv, x, w, dy))
+
+
 @pytest.mark.parametrize("lanes", HEURISTIC_LANES)
 @pytest.mark.parametrize("name", list(CASES))
 def test_every_tile_matches_reference(name, lanes):
     conv, dtype = CASES[name]
     assert kernels.col_applies(conv)
     prec = kernels.Precision.on(TARGET, dtype, dtype)
-    rng = np.random.default_rng(11)
-    x = rng.standard_normal(conv.x_shape).astype(NP_DTYPES[dtype])
-    w = rng.standard_normal(conv.w_shape).astype(NP_DTYPES[dtype])
-    dy = rng.standard_normal(conv.y_shape).astype(NP_DTYPES[dtype])
-    dx_want, dw_want = _gradients(conv, x, w, dy)
+    x, w, dy, dx_want, dw_want = _case(conv, dtype, 11)
     dw = run_form(kernels.grad_weight_col(conv, prec), lanes, (x, dy))
     np.testing.assert_allclose(dw, dw_want, rtol=0, atol=RTOL[dtype] * np.abs(dw_want).max())
     dx = run_form(kernels.grad_input_col(conv, prec), lanes, (dy, w))
@@ -193,11 +199,7 @@ def test_a_tile_of_rows_that_divides_none_ends_in_a_narrower_one(monkeypatch, na
     monkeypatch.setattr(col_rule, "num_threads", lambda target: 2)
     conv, dtype = TAIL_CASES[name]
     prec = kernels.Precision.on(TARGET, dtype, dtype)
-    rng = np.random.default_rng(12)
-    x = rng.standard_normal(conv.x_shape).astype(NP_DTYPES[dtype])
-    w = rng.standard_normal(conv.w_shape).astype(NP_DTYPES[dtype])
-    dy = rng.standard_normal(conv.y_shape).astype(NP_DTYPES[dtype])
-    dx_want, dw_want = _gradients(conv, x, w, dy)
+    x, w, dy, dx_want, dw_want = _case(conv, dtype, 12)
     columns = conv.cin * math.prod(conv.kernel)
     positions = conv.y_shape[0] * math.prod(conv.y_shape[2:])
     tails = []

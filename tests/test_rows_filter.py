@@ -18,6 +18,7 @@ from conftest import (
     weight_gradient,
 )
 from tbe_like.schedules.common import HEURISTIC_LANES
+from tbe_like.schedules.llvm import conv3d_backprop_filter_rows as rule
 from tbe_like.schedules.llvm.conv3d_backprop_filter_rows import (
     PLANE_MAX_PADDING,
     depthwise_tile,
@@ -82,8 +83,6 @@ def test_every_tile_matches_reference(name, lanes, registers, monkeypatch):
     """Each width's tile as this host picks it, and with 8 registers (16-lane vectors on AVX2,
     where a 7-column kernel row does not fit one channel's tile: the fallback of one)."""
     if registers:
-        from tbe_like.schedules.llvm import conv3d_backprop_filter_rows as rule
-
         monkeypatch.setattr(rule, "tile_registers", lambda target, lanes_: registers)
     conv, dtype = CASES[name]
     assert kernels.rows_applies(conv) != kernels.weight_rows_out_applies(conv)
