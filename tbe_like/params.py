@@ -405,7 +405,9 @@ class ColInputParams:
     """The sizes of a GEMM input gradient (``INPUT_COL_OP``): ``cols[m, f]`` over ``cout``
     channels, ``positions`` (N*Do*Ho*Wo) rows, ``columns`` = Cin*kd*kh*kw; dX's spatial
     extent ``(D, H, W)`` and the layer's ``strides``; ``images``: where dX is ``cols``
-    transposed (a pointwise layer of stride 1, dX seen as (N, Cin, P)), its N, else 0."""
+    transposed (a pointwise layer of stride 1, dX seen as (N, Cin, P)), its N, else 0;
+    ``direct``: where instead dX is the GEMM's product itself, ``W^T dy`` image by image
+    (``tbe_like.ops.kernels.direct_dx``), ``images`` its N."""
 
     cout: int
     columns: int
@@ -413,6 +415,7 @@ class ColInputParams:
     in_spatial: tuple[int, int, int]
     strides: tuple[int, int, int]
     images: int = 0
+    direct: bool = False
 
 
 # The framework operators' input gradient of a layer of few input or output channels, one stride

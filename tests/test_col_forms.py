@@ -13,7 +13,7 @@ import pytest
 from conftest import NP_DTYPES, RTOL, conv3d, misaligned, run_form
 from tbe_like.schedules.common import HEURISTIC_LANES, Heuristic
 from tbe_like.schedules.llvm import conv3d_backprop_filter_col as col_rule
-from tbe_like.schedules.llvm.conv3d_backprop_filter_col import gemm_tile, tile
+from tbe_like.schedules.llvm.conv3d_backprop_filter_col import column_tiles, gemm_tile, tile
 from tbe_like.schedules.llvm.transpose import TILE_LANES, tile_lanes, transpose_tiles
 
 from tbe_like import bounds, ops, stages
@@ -67,6 +67,11 @@ CASES = {  # (conv, dtype)
     # of 2, 24 channels (a tail of 8 past a 16-lane tile); 20 in float16.
     "pointwise-transposed-dx-batch2": (conv3d(2, 24, (2, 4, 6), 40, (1, 1, 1), pad=0),
                                        "float32"),
+    # dX as W^T dy in its own layout (``kernels.direct_dx``): 136 positions (a last vector of
+    # 8 lanes past 16-lane ones), 21 input channels (rows); 128 positions in bfloat16 (a
+    # cast pass).
+    "pointwise-direct": (conv3d(1, 21, (1, 8, 17), 40, (1, 1, 1), pad=0), "float32"),
+    "pointwise-direct-bfloat16": (conv3d(1, 16, (2, 8, 8), 24, (1, 1, 1), pad=0), "bfloat16"),
 }
 
 
@@ -182,6 +187,11 @@ TAIL_CASES = {  # (conv, dtype): GEMMs whose rows the register tile's rows do no
     # A batch of 2: the fused (n, position) rows of dX and reduction of dW cross images, the
     # weight gradient's x transposed in panels (34 positions an image).
     "pointwise-batch2": (conv3d(2, 128, (2, 1, 17), 44, (1, 1, 1), pad=0), "float32"),
+    # dX transposed (44 positions an image) and dX as W^T dy (44 input channels, 136
+    # positions), each in a batch of 2: a GEMM per image.
+    "pointwise-transposed-batch2": (conv3d(2, 128, (1, 4, 11), 44, (1, 1, 1), pad=0),
+                                    "float32"),
+    "pointwise-direct-batch2": (conv3d(2, 44, (1, 8, 17), 40, (1, 1, 1), pad=0), "float32"),
 }
 
 
@@ -200,23 +210,70 @@ def test_a_tile_of_rows_that_divides_none_ends_in_a_narrower_one(monkeypatch, na
     conv, dtype = TAIL_CASES[name]
     prec = kernels.Precision.on(TARGET, dtype, dtype)
     x, w, dy, dx_want, dw_want = _case(conv, dtype, 12)
-    columns = conv.cin * math.prod(conv.kernel)
     positions = conv.y_shape[0] * math.prod(conv.y_shape[2:])
+    filter_row = conv.cin * math.prod(conv.kernel)
+    dx_graph = kernels.grad_input_col(conv, prec)
+    # dX's GEMM: one per image where dX is its product transposed or W^T dy itself.
+    per_image = positions // max(dx_graph.params.images, 1)
+    dx_gemm = (conv.cin, per_image) if dx_graph.params.direct else (per_image, filter_row)
     tails = []
-    for make, gemm, rows, reduction, args, want in (
-            (kernels.grad_weight_col, stages.DW_COL, conv.cout, positions, (x, dy), dw_want),
-            (kernels.grad_input_col, stages.DX_COL, positions, conv.cout, (dy, w), dx_want)):
-        graph = make(conv, prec)
+    for graph, gemm, (rows, columns), reduction, args, want in (
+            (kernels.grad_weight_col(conv, prec), stages.DW_COL, (conv.cout, filter_row),
+             positions, (x, dy), dw_want),
+            (dx_graph, stages.DX_COL, dx_gemm, conv.cout, (dy, w), dx_want)):
         got = run_form(graph, lanes, args)
         np.testing.assert_allclose(got, want, rtol=0, atol=RTOL[dtype] * np.abs(want).max())
         sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})),
                                graph, TARGET, Heuristic(lanes))
-        tail = gemm_tile(rows, columns // lanes, lanes, TARGET, reduction)[2]
+        covered = column_tiles(rows, columns // lanes, lanes, TARGET, reduction)
+        tail = gemm_tile(rows, covered, lanes, TARGET, reduction)[2]
         updates = [name for name in block_names_of(sch)
                    if name.startswith(gemm) and name.endswith("_update")]
-        assert len(updates) == 1 + tail + bool(columns % lanes), updates
-        tails.append(tail)
-    assert all(tails) or (lanes, registers) == (16, 32)
+        rest = covered < columns // lanes
+        assert len(updates) == 1 + tail + rest + bool(columns % lanes), updates
+        tails.append(tail or rest)  # (or its columns: :func:`column_tiles`)
+    # (The dX case's weight gradient is 44 x 44: no tile of rows is wider than a divisor.)
+    assert all(tails[name == "pointwise-direct-batch2":]) or (lanes, registers) == (16, 32)
+
+
+@pytest.mark.parametrize("registers", [16, 32])
+@pytest.mark.parametrize("lanes", HEURISTIC_LANES)
+def test_whole_vectors_past_the_register_tiles_are_a_tile_of_their_own(monkeypatch, lanes,
+                                                                      registers):
+    """dX as W^T dy on 784 positions (49 16-lane vectors, 98 8-lane ones), in a batch of 2:
+    where leaving a vector or a few out of the register tiles lets them hold more
+    accumulators (:func:`column_tiles`), those vectors are a GEMM of their own after them;
+    against NumPy under the bounds proof, with AVX2's and AVX-512's register budgets."""
+    monkeypatch.setattr(col_rule, "tile_registers", lambda target, lanes_: registers)
+    monkeypatch.setattr(col_rule, "num_threads", lambda target: 2)
+    conv = conv3d(2, 24, (1, 8, 98), 40, (1, 1, 1), pad=0)
+    _, w, dy, dx_want, _ = _case(conv, "float32", 14)
+    graph = kernels.grad_input_col(conv, kernels.Precision("float32", "float32"))
+    assert graph.params.direct
+    got = run_form(graph, lanes, (dy, w))
+    np.testing.assert_allclose(got, dx_want, rtol=0,
+                               atol=RTOL["float32"] * np.abs(dx_want).max())
+    vectors = 784 // lanes
+    covered = column_tiles(24, vectors, lanes, TARGET, 40)
+    sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})),
+                           graph, TARGET, Heuristic(lanes))
+    updates = [name for name in block_names_of(sch)
+               if name.startswith(stages.DX_COL) and name.endswith("_update")]
+    tail = gemm_tile(24, covered, lanes, TARGET, 40)[2]
+    assert len(updates) == 1 + tail + (covered < vectors), updates
+    if (lanes, registers) == (16, 32):
+        assert covered == 48  # 49 vectors: 3 x 7 tiles at best, 48 of them 4 x 6
+
+
+def test_column_tiles_leave_out_a_few_vectors_only_where_that_pays():
+    """:func:`column_tiles` on AVX-512 (32 registers, 16 lanes) for two threads: 49 vectors
+    (tiles of 3 x 7 at best) leave one out; 48, 64 and a few keep all; 47 leaves out 2 or
+    fewer."""
+    target = Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
+    assert column_tiles(256, 49, 16, target, 128) == 48
+    for vectors in (48, 64, 4, 7):
+        assert column_tiles(256, vectors, 16, target, 128) == vectors
+    assert 45 <= column_tiles(256, 47, 16, target, 128) <= 47
 
 
 def block_names_of(sch) -> list[str]:
@@ -288,12 +345,13 @@ def test_a_pointwise_weight_gradient_has_the_form_at_any_number_of_positions():
         assert ("col" in forms) == has, (conv, kind)
     assert not kernels.col_applies(shortcut)
     assert kernels.input_col_applies(conv3d(1, 32, (8, 28, 28), 64, (1, 1, 1), stride=2, pad=0))
-    # A stride-1 pointwise dX computed transposed: its matrix is dX, up to 64 MiB (X3D-M's
-    # 54 -> 24 on 16x56x56 is 10.3 MiB, its 24 -> 54 on 16x112x112 18.4 MiB).
+    # A stride-1 pointwise dX of many positions is W^T dy, in place, at any size; computed
+    # transposed (positions not whole vectors), its matrix is dX, up to 64 MiB.
     assert kernels.input_col_applies(conv3d(1, 54, (16, 56, 56), 24, (1, 1, 1), pad=0))
     assert kernels.input_col_applies(conv3d(1, 24, (16, 112, 112), 54, (1, 1, 1), pad=0))
-    assert kernels.input_col_applies(conv3d(1, 256, (16, 64, 64), 8, (1, 1, 1), pad=0))  # 64 MiB
-    assert not kernels.input_col_applies(conv3d(1, 257, (16, 64, 64), 8, (1, 1, 1), pad=0))
+    assert kernels.input_col_applies(conv3d(1, 257, (16, 64, 64), 8, (1, 1, 1), pad=0))
+    assert kernels.input_col_applies(conv3d(128, 668, (4, 7, 7), 8, (1, 1, 1), pad=0))
+    assert not kernels.input_col_applies(conv3d(128, 669, (4, 7, 7), 8, (1, 1, 1), pad=0))
     for conv in (conv3d(1, 32, (4, 16, 16), 48, (1, 1, 1), pad=0),  # 1024 positions
                  conv3d(1, 48, (16, 28, 28), 216, (1, 1, 1), pad=0),  # 12544 positions
                  conv3d(1, 24, (16, 112, 112), 54, (1, 1, 1), pad=0),  # X3D-M's, 18.4 MiB
@@ -582,3 +640,28 @@ def test_dx_of_a_pointwise_layer_is_the_gemm_transposed_in_register_tiles(lanes)
     assert _shuffles(sch.mod) > 0
     odd = kernels.grad_input_col(conv3d(1, 16, (1, 3, 5), 8, (1, 1, 1), pad=0), prec)
     assert odd.params.images == 0
+
+
+@pytest.mark.parametrize("lanes", HEURISTIC_LANES)
+def test_dx_of_a_pointwise_layer_of_many_positions_is_w_transposed_times_dy(lanes):
+    """From ``DIRECT_MIN_POSITIONS`` positions an image in whole 8-lane vectors, the col input
+    gradient of a stride-1 pointwise layer is one GEMM, W^T dy, into dX as it lies: no pass
+    over dX but the GEMM's, no buffer but W transposed (its values:
+    ``test_every_tile_matches_reference``); below that, or on positions that are not whole
+    vectors, dX is the GEMM's result transposed."""
+    prec = kernels.Precision("float32", "float32")
+    conv = CASES["pointwise-direct"][0]
+    assert kernels.direct_dx(conv) and kernels.input_col_applies(conv)
+    graph = kernels.grad_input_col(conv, prec)
+    assert graph.params.direct and graph.params.images == 1
+    sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})), graph,
+                           TARGET, Heuristic(lanes))
+    names = block_names_of(sch)
+    assert not any(name.startswith(stages.DX_COL_RES) for name in names)
+    assert any(name.startswith(stages.DX_COL_W) for name in names)
+    # Any size: nothing but dX is written.
+    big = conv3d(1, 24, (16, 112, 112), 54, (1, 1, 1), pad=0)
+    assert kernels.direct_dx(big) and kernels.input_col_applies(big)
+    for spatial in ((1, 8, 15), (4, 7, 7), (1, 4, 8)):  # 120 positions, 196, 32
+        other = kernels.grad_input_col(conv3d(1, 16, spatial, 8, (1, 1, 1), pad=0), prec)
+        assert not other.params.direct and other.params.images == 1

@@ -94,17 +94,48 @@ def gemm_tile(rows: int, vectors: int, lanes: int, target, reduction: int
     return (*whole, False)
 
 
+# Whole vectors of columns a GEMM may leave to one narrower tile of columns after its register
+# tiles' (:func:`column_tiles`), at most; at most this share of them; and only for tiles of
+# at least this many times the accumulators (21 -> 24 pays; 24 -> 25 would not pay for a
+# second GEMM's pass over the rows).
+COLUMN_REST_VECTORS = 3
+COLUMN_REST_SHARE = 1 / 8
+COLUMN_REST_GAIN = 1.125
+
+
+def column_tiles(rows: int, vectors: int, lanes: int, target, reduction: int) -> int:
+    """The whole vectors of columns the GEMM's register tiles cover (:func:`gemm_tile`): all
+    of them, or up to ``COLUMN_REST_VECTORS`` fewer where those hold ``COLUMN_REST_GAIN``
+    times the accumulators or more, the rest (at most ``COLUMN_REST_SHARE`` of them) one
+    tile of columns of its own after them.
+    Positions are the columns of a pointwise input gradient computed in dX's layout
+    (``tbe_like.ops.kernels.direct_dx``), often 49 x 2^k vectors: 784 positions are 49
+    16-lane vectors, whose divisors tile 3 x 7 at best (256 -> 1024 on 4x14x14 then took
+    2.10 ms against 1.85 for dX transposed; AVX-512, Zen 4), 48 of them 6 x 4."""
+    def accumulators(v: int) -> int:
+        height, width, _ = gemm_tile(rows, v, lanes, target, reduction)
+        return height * width
+
+    best, most = vectors, COLUMN_REST_GAIN * accumulators(vectors)
+    for rest in range(1, min(COLUMN_REST_VECTORS, int(vectors * COLUMN_REST_SHARE)) + 1):
+        if accumulators(vectors - rest) >= most:
+            best, most = vectors - rest, accumulators(vectors - rest)
+    return best
+
+
 def schedule_gemm(sch, block, rows, columns, reduction, n_rows: int, n_columns: int,
                   lanes: int, target, columns_first: bool = False) -> None:
     """A GEMM micro-kernel on the 2-D product ``block[rows, columns]`` summed over the loop
-    ``reduction``: register tiles of rows x vectors of columns (:func:`gemm_tile`, for the
+    ``reduction`` (under any loops outside these three, left as they are: a batch's images
+    one after the other): register tiles of rows x vectors of columns (:func:`gemm_tile`, for the
     target's registers) in parallel, the column tiles outer where ``columns_first`` (a column
     tile's slice of the operand streamed along the reduction then stays in cache for every row
     tile), the whole reduction inside each, the tile unrolled and its lanes vectorized.
 
     Columns beyond the last whole vector (a filter row of 921 x 3 cells: R(2+1)D's odd
     channel counts) are a second GEMM of their own (``loop_partition``): one narrower vector
-    per row tile, after the whole vectors' tiles."""
+    per row tile, after the whole vectors' tiles; so are whole vectors past the register
+    tiles' (:func:`column_tiles`): a tile of rows x those vectors."""
     tail = n_columns % lanes
     if tail == 0:
         _schedule_tiles(sch, block, rows, columns, reduction, n_rows, n_columns // lanes,
@@ -114,12 +145,12 @@ def schedule_gemm(sch, block, rows, columns, reduction, n_rows: int, n_columns: 
     parts = [columns] if n_columns < lanes else sch.loop_partition(columns, [n_columns - tail])
     *whole, last = [sch.get_child_blocks(part)[0] for part in parts]
     for gemm in whole:
-        columns_, rows_, reduction_ = sch.get_loops(gemm)
+        columns_, rows_, reduction_ = sch.get_loops(gemm)[-3:]
         _schedule_tiles(sch, gemm, rows_, columns_, reduction_, n_rows,
                         (n_columns - tail) // lanes, lanes, target, columns_first)
     # The last ``tail`` columns: one vector of them per tile of rows. (The loop starts where
     # the whole vectors end, which ``split`` does not take.)
-    columns_, rows_, reduction_ = sch.get_loops(last)
+    columns_, rows_, reduction_ = sch.get_loops(last)[-3:]
     rows_o, rows_i = sch.split(rows_, [None, tile(n_rows, 1, tile_registers(target, lanes))[0]])
     _finish_tile(sch, last, [rows_o], reduction_, [rows_i], columns_, target)
 
@@ -127,7 +158,34 @@ def schedule_gemm(sch, block, rows, columns, reduction, n_rows: int, n_columns: 
 def _schedule_tiles(sch, block, rows, columns, reduction, n_rows: int, vectors: int,
                     lanes: int, target, columns_first: bool) -> None:
     """:func:`schedule_gemm`'s register tiles on ``vectors`` whole vectors of ``lanes``
-    columns (:func:`gemm_tile`)."""
+    columns (:func:`gemm_tile`), the vectors past the tiles' (:func:`column_tiles`) a GEMM of
+    their own after them."""
+    depth = int(sch.get(reduction).extent)
+    covered = column_tiles(n_rows, vectors, lanes, target, depth)
+    if covered == vectors:
+        _schedule_whole_tiles(sch, block, rows, columns, reduction, n_rows, vectors, lanes,
+                              target, columns_first)
+        return
+    columns_v, lane = sch.split(columns, [None, lanes])
+    sch.reorder(columns_v, lane, rows)
+    tiled, rest = [sch.get_child_blocks(part)[0]
+                   for part in sch.loop_partition(columns_v, [covered, None])]
+    columns_v, lane, rows_, reduction_ = sch.get_loops(tiled)[-4:]
+    _schedule_whole_tiles(sch, tiled, rows_, sch.fuse(columns_v, lane), reduction_, n_rows,
+                          covered, lanes, target, columns_first)
+    # The rest: a tile of rows x all of them. (Its loop starts where the tiles' end, which
+    # ``split`` does not take.)
+    columns_v, lane, rows_, reduction_ = sch.get_loops(rest)[-4:]
+    width = vectors - covered
+    fits = [r for r in divisors(n_rows) if r <= TILE_CHANNELS
+            and r * width + width + 1 <= tile_registers(target, lanes)]
+    rows_o, rows_i = sch.split(rows_, [None, max(fits, default=1)])
+    _finish_tile(sch, rest, [rows_o], reduction_, [rows_i, columns_v], lane, target)
+
+
+def _schedule_whole_tiles(sch, block, rows, columns, reduction, n_rows: int, vectors: int,
+                          lanes: int, target, columns_first: bool) -> None:
+    """:func:`_schedule_tiles` on columns that its register tiles cover whole."""
     rows_t, per_tile, tail = gemm_tile(n_rows, vectors, lanes, target,
                                        int(sch.get(reduction).extent))
     columns_o, columns_v, lane = sch.split(columns, [None, per_tile, lanes])

@@ -25,7 +25,14 @@ from __future__ import annotations
 from tbe_like import stages
 from tbe_like.params import INPUT_COL_OP, ColInputParams
 
-from ..common import Heuristic, block_names, knob_lanes, parallel, width_candidates
+from ..common import (
+    Heuristic,
+    block_names,
+    fuse_parallel_vectorize,
+    knob_lanes,
+    parallel,
+    width_candidates,
+)
 from ..registry import register
 from .conv3d_backprop_filter_col import schedule_gemm
 from .transpose import tile_lanes, transpose_tiles
@@ -38,10 +45,22 @@ def schedule(sch, p: ColInputParams, target, knobs: Heuristic | None = None):
     lanes = knob_lanes(knobs, target)
     names = block_names(sch)
     gemm = sch.get_sblock(stages.DX_COL)
+    if p.direct:  # dX[n, ci, p] = W^T dy, image by image
+        _, ci, m, co = sch.get_loops(gemm)
+        schedule_gemm(sch, gemm, ci, m, co, p.columns, p.positions // p.images, lanes, target,
+                      columns_first=True)
+        wt = sch.get_sblock(stages.DX_COL_W)
+        if tile_lanes(p.cout, lanes):  # W^T: tiles transposed in registers
+            transpose_tiles(sch, wt, tile_lanes(p.cout, lanes), target)
+        else:
+            parallel(sch, sch.get_loops(wt)[1:2], target)
+        if stages.DX_COL_CAST in names:
+            fuse_parallel_vectorize(sch, stages.DX_COL_CAST, 2, target)
+        return sch
     *rows, f, co = sch.get_loops(gemm)
-    m = sch.fuse(*rows) if len(rows) > 1 else rows[0]  # dX transposed: (n, p)
-    schedule_gemm(sch, gemm, m, f, co, p.positions, p.columns, lanes, target,
-                  columns_first=True)
+    # dX transposed: the GEMM of each image (n, p), the images one after the other
+    m, n_rows = (rows[1], p.positions // p.images) if p.images else (rows[0], p.positions)
+    schedule_gemm(sch, gemm, m, f, co, n_rows, p.columns, lanes, target, columns_first=True)
     if p.images:  # dX[n, ci, p] = cols[n, p, ci]: tiles transposed in registers
         res = sch.get_sblock(stages.DX_COL_RES)
         transpose_tiles(sch, res, tile_lanes(p.positions // p.images, lanes), target)

@@ -853,6 +853,29 @@ def weight_col_applies(conv: Conv3d) -> bool:
     return col_applies(conv)
 
 
+# A pointwise input gradient of stride 1 whose images have at least this many positions, in
+# whole vectors of ``DIRECT_LANES``, is the GEMM ``W^T dy`` written into dX as it lies
+# (:func:`direct_dx`): its positions are the vector axis, contiguous in dy and dX alike, and
+# no transposing pass follows. Against the GEMM into dX transposed (tiles of positions x
+# input channels, then transposed in registers), kernels alone, built for ``znver3`` (AVX2)
+# on Zen 4: 96 -> 432 on 16x14x14 1.28 against 1.64 ms, 432 -> 192 on 16x7x7 0.61 / 0.72,
+# 512 -> 128 on 4x7x7 0.16 / 0.19; on fewer positions it lost: 512 -> 512 on 1x4x4 0.066 /
+# 0.054, 512 -> 256 on 4x7x7 (196, not whole vectors) 0.31 / 0.29, 256 -> 256 on 4x4x4 the
+# same. AVX-512 (16 lanes): 256 -> 64 on 8x28x28 0.98 / 1.19 ms, the others within 3%.
+DIRECT_MIN_POSITIONS = 128
+DIRECT_LANES = 8
+
+
+def direct_dx(conv: Conv3d) -> bool:
+    """Whether the col input gradient of ``conv`` is ``W^T dy`` computed in dX's own layout
+    (:func:`_grad_input_direct`): a pointwise layer of stride 1 (:func:`_plain_pointwise`)
+    of at least ``DIRECT_MIN_POSITIONS`` positions an image, in whole ``DIRECT_LANES``-lane
+    vectors."""
+    per_image = math.prod(conv.in_spatial)
+    return (_plain_pointwise(conv) and per_image >= DIRECT_MIN_POSITIONS
+            and per_image % DIRECT_LANES == 0)
+
+
 def input_col_applies(conv: Conv3d) -> bool:
     """Whether ``grad_input_col`` builds ``conv``'s input gradient: where :func:`col_applies`,
     and at any number of positions for a strided pointwise layer, whose dX is its GEMM's
@@ -861,7 +884,11 @@ def input_col_applies(conv: Conv3d) -> bool:
     for a pointwise layer of stride 1 whose dX is the GEMM's result transposed in register
     tiles (:func:`_transposes_dx`), within ``COL_MAX_POINTWISE_BYTES``. Transposed
     element by element, that dX lost to the packed and rows forms; in tiles, X3D-M's 96 -> 216
-    on 16x14x14 took 0.63 ms against their 0.86, 24 -> 54 on 16x56x56 1.00 against 1.98."""
+    on 16x14x14 took 0.63 ms against their 0.86, 24 -> 54 on 16x56x56 1.00 against 1.98.
+    Where the GEMM's product is dX itself (:func:`direct_dx`), at any size: it needs no
+    buffer of its own."""
+    if direct_dx(conv):
+        return True
     if _transposes_dx(conv):
         cols = 4 * conv.batch * math.prod(conv.in_spatial) * conv.cin
         return cols <= COL_MAX_POINTWISE_BYTES
@@ -1003,6 +1030,8 @@ def grad_input_col(conv: Conv3d, prec: Precision,
     a copy first. ``cols`` is small where positions are few.
     """
     positions, columns = _col_shape(conv)
+    if direct_dx(conv):
+        return _grad_input_direct(conv, prec, names)
     if _transposes_dx(conv):
         return _grad_input_transposed(conv, prec, names)
     dy = _placeholder(conv.y_shape, names[0], prec.dtype)
@@ -1053,9 +1082,41 @@ def grad_input_col(conv: Conv3d, prec: Precision,
 
 def _transposes_dx(conv: Conv3d) -> bool:
     """Whether the col input gradient of ``conv`` is its GEMM's result transposed
-    (:func:`_plain_pointwise`), of positions that tiles of 4 x 4 or more divide
-    (``schedules.llvm.transpose.tile_lanes``)."""
-    return _plain_pointwise(conv) and math.prod(conv.in_spatial) % 4 == 0
+    (:func:`_plain_pointwise`, not :func:`direct_dx`), of positions that tiles of 4 x 4 or
+    more divide (``schedules.llvm.transpose.tile_lanes``)."""
+    return (_plain_pointwise(conv) and not direct_dx(conv)
+            and math.prod(conv.in_spatial) % 4 == 0)
+
+
+def _grad_input_direct(conv: Conv3d, prec: Precision, names) -> Graph:
+    """:func:`grad_input_col` of a pointwise layer of stride 1 and many positions
+    (:func:`direct_dx`): dy and dX seen as (N, C, P) (``Graph.arg_shapes``), ``dX[n, ci, p] =
+    sum over co of W[co, ci] * dy[n, co, p]``, a GEMM per image whose rows are dX's input
+    channels and whose columns are its positions, written where dX goes. W is transposed
+    first (``stages.DX_COL_W``): a register tile's input channels are then read along the
+    reduction, each from a row of its own, where in W a step of the reduction read a line
+    of its own for a few channels of it (AVX2, 256 -> 1024 on 4x14x14: 2.67 -> 2.11 ms)."""
+    per_image = math.prod(conv.in_spatial)
+    dy = _placeholder((conv.batch, conv.cout, per_image), names[0], prec.dtype)
+    w = _placeholder((1, conv.cout, conv.cin), names[1], prec.dtype)
+    wt = te.compute((1, conv.cin, conv.cout), lambda n, c, k: w[n, k, c], name=stages.DX_COL_W,
+                    tag=stages.tag(INPUT_COL_OP, "w"))
+    convert = prec.convert()
+    rco = te.reduce_axis((0, conv.cout), name="co")
+    shape = (conv.batch, conv.cin, per_image)
+    acc = te.compute(
+        shape,
+        lambda n, c, p: te.sum(convert(wt[0, c, rco]).astype(ACC_DTYPE)
+                               * convert(dy[n, rco, p]).astype(ACC_DTYPE), axis=[rco]),
+        name=stages.DX_COL, tag=stages.tag(INPUT_COL_OP, "gemm"))
+    out = acc
+    if prec.dtype != ACC_DTYPE:
+        out = te.compute(shape, lambda *i: acc[i].astype(prec.dtype), name=stages.DX_COL_CAST,
+                         tag=stages.tag(INPUT_COL_OP, "cast"))
+    p = ColInputParams(conv.cout, conv.cin, conv.batch * per_image, tuple(conv.in_spatial),
+                       tuple(conv.strides), conv.batch, direct=True)
+    return Graph(INPUT_COL_OP, p, [dy, w], out, ["NCDHW", "NCDHW", "NCDHW"],
+                 flops=conv.flops(), arg_shapes=(conv.y_shape, conv.w_shape, conv.x_shape))
 
 
 def _grad_input_transposed(conv: Conv3d, prec: Precision, names) -> Graph:
