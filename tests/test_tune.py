@@ -513,7 +513,9 @@ def test_records_that_tensorize_are_read_by_a_fresh_process(tmp_path):
     from tbe_like.schedules.common import Heuristic
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
-    conv = kernels.Conv3d(1, 24, 54, (4, 8, 8), (4, 8, 8), (1, 1, 1), (1, 1, 1), (0,) * 6,
+    # (64 positions: dX transposed; from 128, dX is W^T dy, and W^T of 54 rows is copied
+    # element by element.)
+    conv = kernels.Conv3d(1, 24, 54, (4, 4, 4), (4, 4, 4), (1, 1, 1), (1, 1, 1), (0,) * 6,
                           (1, 1, 1), 1)
     graph = kernels.grad_input_col(conv, kernels.Precision("float32", "float32"))
     func = kernels.prim_func(graph)
