@@ -107,7 +107,10 @@ def column_tiles(rows: int, vectors: int, lanes: int, target, reduction: int) ->
     """The whole vectors of columns the GEMM's register tiles cover (:func:`gemm_tile`): all
     of them, or up to ``COLUMN_REST_VECTORS`` fewer where those hold ``COLUMN_REST_GAIN``
     times the accumulators or more, the rest (at most ``COLUMN_REST_SHARE`` of them) one
-    tile of columns of its own after them.
+    tile of columns of its own after them (a second parallel loop: one more wake of the
+    workers); not below a reduction of ``TAIL_MIN_REDUCTION`` or ``TILE_CHANNELS`` rows,
+    where writing the product or reading the columns' operand (each element for a few rows
+    only) costs more than the tiles' multiply-adds.
     Positions are the columns of a pointwise input gradient computed in dX's layout
     (``tbe_like.ops.kernels.direct_dx``), often 49 x 2^k vectors: 784 positions are 49
     16-lane vectors, whose divisors tile 3 x 7 at best (256 -> 1024 on 4x14x14 then took
@@ -116,6 +119,8 @@ def column_tiles(rows: int, vectors: int, lanes: int, target, reduction: int) ->
         height, width, _ = gemm_tile(rows, v, lanes, target, reduction)
         return height * width
 
+    if reduction < TAIL_MIN_REDUCTION or rows < TILE_CHANNELS:
+        return vectors  # bound by writing the product, or by reading the columns' operand
     best, most = vectors, COLUMN_REST_GAIN * accumulators(vectors)
     for rest in range(1, min(COLUMN_REST_VECTORS, int(vectors * COLUMN_REST_SHARE)) + 1):
         if accumulators(vectors - rest) >= most:

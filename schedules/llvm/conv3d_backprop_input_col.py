@@ -17,7 +17,11 @@ Zen 4). Splitting W too wrote dX's rows every other element and was slower there
 
 A pointwise layer of stride 1 (``ColInputParams.images``): ``cols`` is (N, P, Cin) and dX its
 transpose, copied in tiles transposed in registers (``schedules.llvm.transpose``); element by
-element, that copy had made the form lose to the packed and rows forms.
+element, that copy had made the form lose to the packed and rows forms. With many positions
+(``ColInputParams.direct``, ``tbe_like.ops.kernels.direct_dx``) there is no ``cols``: the GEMM
+is dX = W^T dy itself, image by image, its rows dX's input channels and its columns dX's
+positions (the vector axis), column tiles outer (a tile's slice of dy stays in cache for every
+tile of channels); W is transposed first, in register tiles where Cout allows them.
 """
 
 from __future__ import annotations
