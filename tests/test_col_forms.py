@@ -265,6 +265,26 @@ def test_whole_vectors_past_the_register_tiles_are_a_tile_of_their_own(monkeypat
         assert covered == 48  # 49 vectors: 3 x 7 tiles at best, 48 of them 4 x 6
 
 
+@pytest.mark.parametrize("registers", [16, 32])
+@pytest.mark.parametrize("lanes", HEURISTIC_LANES)
+def test_a_weight_gradient_in_panels_leaves_vectors_to_a_tile_of_their_own(monkeypatch, lanes,
+                                                                          registers):
+    """A pointwise weight gradient reads x transposed in panels of a register tile's columns
+    (:func:`panel_columns`); 104 input channels are 13 8-lane vectors, of which 12 tile 6 x 2
+    with AVX2's registers (:func:`column_tiles`): the 13th, a tile of its own, reads its
+    panel too. Against NumPy under the bounds proof, both widths, both register budgets."""
+    monkeypatch.setattr(col_rule, "tile_registers", lambda target, lanes_: registers)
+    monkeypatch.setattr(col_rule, "num_threads", lambda target: 2)
+    conv = conv3d(1, 104, (2, 4, 8), 48, (1, 1, 1), pad=0)
+    x, _, dy, _, dw_want = _case(conv, "float32", 15)
+    graph = kernels.grad_weight_col(conv, kernels.Precision("float32", "float32"))
+    got = run_form(graph, lanes, (x, dy))
+    np.testing.assert_allclose(got, dw_want, rtol=0,
+                               atol=RTOL["float32"] * np.abs(dw_want).max())
+    if (lanes, registers) == (8, 16):
+        assert column_tiles(48, 13, 8, TARGET, 64) == 12
+
+
 def test_column_tiles_leave_out_a_few_vectors_only_where_that_pays():
     """:func:`column_tiles` on AVX-512 (32 registers, 16 lanes) for two threads: 49 vectors
     (tiles of 3 x 7 at best) leave one out; 48, 64 and a few keep all; 47 leaves out 2 or
@@ -274,6 +294,9 @@ def test_column_tiles_leave_out_a_few_vectors_only_where_that_pays():
     for vectors in (48, 64, 4, 7):
         assert column_tiles(256, vectors, 16, target, 128) == vectors
     assert 45 <= column_tiles(256, 47, 16, target, 128) <= 47
+    # A product written more than multiplied: a reduction of 31, or 4 rows.
+    assert column_tiles(256, 49, 16, target, 31) == 49
+    assert column_tiles(4, 49, 16, target, 128) == 49
 
 
 def block_names_of(sch) -> list[str]:
