@@ -123,8 +123,9 @@ def column_tiles(rows: int, vectors: int, lanes: int, target, reduction: int) ->
         return vectors  # bound by writing the product, or by reading the columns' operand
     best, most = vectors, COLUMN_REST_GAIN * accumulators(vectors)
     for rest in range(1, min(COLUMN_REST_VECTORS, int(vectors * COLUMN_REST_SHARE)) + 1):
-        if accumulators(vectors - rest) >= most:
-            best, most = vectors - rest, accumulators(vectors - rest)
+        held = accumulators(vectors - rest)
+        if held >= most:
+            best, most = vectors - rest, held
     return best
 
 
@@ -168,8 +169,8 @@ def _schedule_tiles(sch, block, rows, columns, reduction, n_rows: int, vectors: 
     depth = int(sch.get(reduction).extent)
     covered = column_tiles(n_rows, vectors, lanes, target, depth)
     if covered == vectors:
-        _schedule_whole_tiles(sch, block, rows, columns, reduction, n_rows, vectors, lanes,
-                              target, columns_first)
+        _schedule_whole_tiles(sch, block, rows, columns, reduction, n_rows, vectors, depth,
+                              lanes, target, columns_first)
         return
     columns_v, lane = sch.split(columns, [None, lanes])
     sch.reorder(columns_v, lane, rows)
@@ -177,7 +178,7 @@ def _schedule_tiles(sch, block, rows, columns, reduction, n_rows: int, vectors: 
                    for part in sch.loop_partition(columns_v, [covered, None])]
     columns_v, lane, rows_, reduction_ = sch.get_loops(tiled)[-4:]
     _schedule_whole_tiles(sch, tiled, rows_, sch.fuse(columns_v, lane), reduction_, n_rows,
-                          covered, lanes, target, columns_first)
+                          covered, depth, lanes, target, columns_first)
     # The rest: a tile of rows x all of them. (Its loop starts where the tiles' end, which
     # ``split`` does not take.)
     columns_v, lane, rows_, reduction_ = sch.get_loops(rest)[-4:]
@@ -189,10 +190,10 @@ def _schedule_tiles(sch, block, rows, columns, reduction, n_rows: int, vectors: 
 
 
 def _schedule_whole_tiles(sch, block, rows, columns, reduction, n_rows: int, vectors: int,
-                          lanes: int, target, columns_first: bool) -> None:
-    """:func:`_schedule_tiles` on columns that its register tiles cover whole."""
-    rows_t, per_tile, tail = gemm_tile(n_rows, vectors, lanes, target,
-                                       int(sch.get(reduction).extent))
+                          depth: int, lanes: int, target, columns_first: bool) -> None:
+    """:func:`_schedule_tiles` on columns that its register tiles cover whole (``depth``:
+    the reduction's extent)."""
+    rows_t, per_tile, tail = gemm_tile(n_rows, vectors, lanes, target, depth)
     columns_o, columns_v, lane = sch.split(columns, [None, per_tile, lanes])
     if not tail:
         rows_o, rows_i = sch.split(rows, [None, rows_t])

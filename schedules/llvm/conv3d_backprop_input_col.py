@@ -53,9 +53,9 @@ def schedule(sch, p: ColInputParams, target, knobs: Heuristic | None = None):
         _, ci, m, co = sch.get_loops(gemm)
         schedule_gemm(sch, gemm, ci, m, co, p.columns, p.positions // p.images, lanes, target,
                       columns_first=True)
-        wt = sch.get_sblock(stages.DX_COL_W)
-        if tile_lanes(p.cout, lanes):  # W^T: tiles transposed in registers
-            transpose_tiles(sch, wt, tile_lanes(p.cout, lanes), target)
+        wt, wt_lanes = sch.get_sblock(stages.DX_COL_W), tile_lanes(p.cout, lanes)
+        if wt_lanes:  # W^T: tiles transposed in registers
+            transpose_tiles(sch, wt, wt_lanes, target)
         else:
             parallel(sch, sch.get_loops(wt)[1:2], target)
         if stages.DX_COL_CAST in names:

@@ -1070,14 +1070,20 @@ def grad_input_col(conv: Conv3d, prec: Precision,
 
     acc = te.compute(conv.x_shape, res_body, name=stages.DX_COL_RES,
                      tag=stages.tag(INPUT_COL_OP, "res"))
-    out = acc
-    if prec.dtype != ACC_DTYPE:
-        out = te.compute(conv.x_shape, lambda *i: acc[i].astype(prec.dtype),
-                         name=stages.DX_COL_CAST, tag=stages.tag(INPUT_COL_OP, "cast"))
+    out = _dx_col_cast(acc, prec)
     p = ColInputParams(conv.cout, columns, positions, tuple(conv.in_spatial),
                        tuple(conv.strides))
     return Graph(INPUT_COL_OP, p, [dy, w], out, ["NCDHW", "NCDHW", "NCDHW"],
                  flops=conv.flops(), arg_shapes=(None, conv.w_shape, None))
+
+
+def _dx_col_cast(acc: te.Tensor, prec: Precision) -> te.Tensor:
+    """The col input gradient's float32 result ``acc``, cast to the arrays' dtype by a stage
+    of its own (``stages.DX_COL_CAST``) where that is not float32."""
+    if prec.dtype == ACC_DTYPE:
+        return acc
+    return te.compute(acc.shape, lambda *i: acc[i].astype(prec.dtype), name=stages.DX_COL_CAST,
+                      tag=stages.tag(INPUT_COL_OP, "cast"))
 
 
 def _transposes_dx(conv: Conv3d) -> bool:
@@ -1109,10 +1115,7 @@ def _grad_input_direct(conv: Conv3d, prec: Precision, names) -> Graph:
         lambda n, c, p: te.sum(convert(wt[0, c, rco]).astype(ACC_DTYPE)
                                * convert(dy[n, rco, p]).astype(ACC_DTYPE), axis=[rco]),
         name=stages.DX_COL, tag=stages.tag(INPUT_COL_OP, "gemm"))
-    out = acc
-    if prec.dtype != ACC_DTYPE:
-        out = te.compute(shape, lambda *i: acc[i].astype(prec.dtype), name=stages.DX_COL_CAST,
-                         tag=stages.tag(INPUT_COL_OP, "cast"))
+    out = _dx_col_cast(acc, prec)
     p = ColInputParams(conv.cout, conv.cin, conv.batch * per_image, tuple(conv.in_spatial),
                        tuple(conv.strides), conv.batch, direct=True)
     return Graph(INPUT_COL_OP, p, [dy, w], out, ["NCDHW", "NCDHW", "NCDHW"],
@@ -1137,10 +1140,7 @@ def _grad_input_transposed(conv: Conv3d, prec: Precision, names) -> Graph:
     shape = (conv.batch, conv.cin, per_image)
     acc = te.compute(shape, lambda n, c, p: cols[n, p, c], name=stages.DX_COL_RES,
                      tag=stages.tag(INPUT_COL_OP, "res"))
-    out = acc
-    if prec.dtype != ACC_DTYPE:
-        out = te.compute(shape, lambda *i: acc[i].astype(prec.dtype), name=stages.DX_COL_CAST,
-                         tag=stages.tag(INPUT_COL_OP, "cast"))
+    out = _dx_col_cast(acc, prec)
     p = ColInputParams(conv.cout, conv.cin, conv.batch * per_image, tuple(conv.in_spatial),
                        tuple(conv.strides), conv.batch)
     return Graph(INPUT_COL_OP, p, [dy, w], out, ["NCDHW", "NCDHW", "NCDHW"],
