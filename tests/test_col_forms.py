@@ -285,6 +285,71 @@ def test_a_weight_gradient_in_panels_leaves_vectors_to_a_tile_of_their_own(monke
         assert column_tiles(48, 13, 8, TARGET, 64) == 12
 
 
+BLOCK_CASES = {  # (conv): col input gradients of a reduction (Cout) long enough for blocks
+    # stride 2: 2 x 3 x 4 = 24 positions, 128 columns
+    "stride2-k122": conv3d(1, 32, (4, 5, 7), 576, (1, 2, 2), stride=2, pad=0),
+    # a pointwise layer's dX transposed: 2 images of 30 positions (a narrower last tile)
+    "pointwise-transposed-batch2": conv3d(2, 128, (1, 5, 6), 520, (1, 1, 1), pad=0),
+    # strided pointwise: 33 positions, 96 columns
+    "pointwise-stride2": conv3d(1, 96, (1, 6, 21), 512, (1, 1, 1), stride=(1, 2, 2), pad=0),
+}
+
+
+@pytest.mark.parametrize("registers", [16, 32])
+@pytest.mark.parametrize("lanes", HEURISTIC_LANES)
+@pytest.mark.parametrize("name", list(BLOCK_CASES))
+def test_the_input_gradient_runs_in_blocks_of_its_reduction(monkeypatch, name, lanes,
+                                                             registers):
+    """The col input gradient's GEMM in blocks of the output channels (:func:`reduction_block`,
+    made to apply here by a smaller block and one thread), tiles of rows that divide its rows
+    or a narrower last one, the user's W a float past a cache line: against NumPy under the
+    bounds proof, with AVX2's and AVX-512's register budgets."""
+    monkeypatch.setattr(col_rule, "tile_registers", lambda target, lanes_: registers)
+    monkeypatch.setattr(col_rule, "num_threads", lambda target: 1)
+    monkeypatch.setattr(col_rule, "REDUCTION_BLOCK", 64)
+    monkeypatch.setattr(col_rule, "BAND_TILES", 2)
+    conv = BLOCK_CASES[name]
+    _, w, dy, dx_want, _ = _case(conv, "float32", 16)
+    graph = kernels.grad_input_col(conv, kernels.Precision("float32", "float32"))
+    assert not graph.params.direct
+    rows = graph.params.positions // max(graph.params.images, 1)
+    vectors = graph.params.columns // lanes
+    rows_t, per_tile, _ = gemm_tile(rows, vectors, lanes, TARGET, conv.cout)
+    steps, band = col_rule.reduction_block(rows, rows_t, vectors // per_tile, conv.cout,
+                                           TARGET)
+    assert steps and conv.cout % steps == 0 and band, (steps, band)
+    sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})),
+                           graph, TARGET, Heuristic(lanes))
+    # Each update runs a block's steps inside the loop over the blocks; the product is
+    # zeroed once, outside that loop.
+    updates = [name for name in block_names_of(sch)
+               if name.startswith(stages.DX_COL) and name.endswith("_update")]
+    for update in updates:
+        loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock(update))]
+        extents = [int(loop.extent) for loop in loops]
+        assert conv.cout // steps in extents and steps in extents, (update, extents)
+        blocks = loops[extents.index(conv.cout // steps)]
+        init = sch.get_loops(sch.get_sblock(stages.DX_COL + "_init"))
+        assert not any(sch.get(loop).same_as(blocks) for loop in init)
+    got = run_form(graph, lanes, (dy, misaligned(w)))
+    np.testing.assert_allclose(got, dx_want, rtol=0,
+                               atol=RTOL["float32"] * np.abs(dx_want).max())
+
+
+def test_reduction_blocks_only_where_they_pay():
+    """:func:`reduction_block` for AVX2 (16 lanes: 2 x 8 per vector) and two threads: blocks
+    of 256 steps (or a divisor of the reduction) in bands of up to 4 tiles, for two tiles of
+    rows or more, a reduction of 512 or more, and two bands a thread."""
+    target = Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})
+    assert col_rule.reduction_block(32, 6, 64, 2048, target) == (256, 4)
+    assert col_rule.reduction_block(32, 6, 64, 576, target) == (192, 4)
+    assert col_rule.reduction_block(32, 6, 8, 2048, target) == (256, 2)
+    assert col_rule.reduction_block(6, 6, 64, 2048, target) == (0, 0)  # one tile of rows
+    assert col_rule.reduction_block(32, 6, 64, 256, target) == (0, 0)  # a short reduction
+    assert col_rule.reduction_block(32, 6, 3, 2048, target) == (0, 0)  # 3 tiles, 2 threads
+    assert col_rule.reduction_block(32, 6, 64, 2 * 521, target) == (0, 0)  # no divisor
+
+
 def test_column_tiles_leave_out_a_few_vectors_only_where_that_pays():
     """:func:`column_tiles` on AVX-512 (32 registers, 16 lanes) for two threads: 49 vectors
     (tiles of 3 x 7 at best) leave one out; 48, 64 and a few keep all; 47 leaves out 2 or
