@@ -307,6 +307,7 @@ def test_the_input_gradient_runs_in_blocks_of_its_reduction(monkeypatch, name, l
     monkeypatch.setattr(col_rule, "tile_registers", lambda target, lanes_: registers)
     monkeypatch.setattr(col_rule, "num_threads", lambda target: 1)
     monkeypatch.setattr(col_rule, "REDUCTION_BLOCK", 64)
+    monkeypatch.setattr(col_rule, "REDUCTION_BLOCKED_MIN", 256)
     monkeypatch.setattr(col_rule, "BAND_TILES", 2)
     conv = BLOCK_CASES[name]
     _, w, dy, dx_want, _ = _case(conv, "float32", 16)
@@ -339,13 +340,13 @@ def test_the_input_gradient_runs_in_blocks_of_its_reduction(monkeypatch, name, l
 def test_reduction_blocks_only_where_they_pay():
     """:func:`reduction_block` for AVX2 (16 lanes: 2 x 8 per vector) and two threads: blocks
     of 256 steps (or a divisor of the reduction) in bands of up to 4 tiles, for two tiles of
-    rows or more, a reduction of 512 or more, and two bands a thread."""
+    rows or more, a reduction of 1024 or more, and two bands a thread."""
     target = Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})
     assert col_rule.reduction_block(32, 6, 64, 2048, target) == (256, 4)
-    assert col_rule.reduction_block(32, 6, 64, 576, target) == (192, 4)
+    assert col_rule.reduction_block(32, 6, 64, 1152, target) == (192, 4)
     assert col_rule.reduction_block(32, 6, 8, 2048, target) == (256, 2)
     assert col_rule.reduction_block(6, 6, 64, 2048, target) == (0, 0)  # one tile of rows
-    assert col_rule.reduction_block(32, 6, 64, 256, target) == (0, 0)  # a short reduction
+    assert col_rule.reduction_block(32, 6, 64, 512, target) == (0, 0)  # a short reduction
     assert col_rule.reduction_block(32, 6, 3, 2048, target) == (0, 0)  # 3 tiles, 2 threads
     assert col_rule.reduction_block(32, 6, 64, 2 * 521, target) == (0, 0)  # no divisor
 

@@ -200,7 +200,7 @@ def _schedule_tiles(sch, block, rows, columns, reduction, n_rows: int, vectors: 
 # most steps of the reduction a block takes, the fewest a GEMM needs for blocks, and the
 # register tiles of columns a block's band holds at most.
 REDUCTION_BLOCK = 256
-REDUCTION_BLOCKED_MIN = 512
+REDUCTION_BLOCKED_MIN = 1024
 BAND_TILES = 4
 
 
@@ -210,19 +210,19 @@ def reduction_block(n_rows: int, rows_t: int, column_tiles: int, depth: int, tar
     (0, 0): no blocks.
 
     The input gradient's GEMM streams its column operand, the user's W, down the reduction
-    (output channels) for each tile of rows, a row of W (4 KB and more) apart: every row of a
-    tile's band falls in the same few sets of L1, so each tile of rows read the whole band
-    from L2 again, and a W that does not start on a cache line (NumPy's large arrays start
-    16 bytes past one) took one more line a row. A block of ``REDUCTION_BLOCK`` steps of a
-    band of up to ``BAND_TILES`` column tiles is read by every tile of rows in turn, then the
-    next block: AVX2 (Zen 4 built for znver3), 64 positions, 2048 -> 512: 1.02 -> 0.71 ms
-    (W 16 bytes past a line: 1.17 -> 0.85); 32 positions (stride 2) 2048 -> 1024:
-    1.22 -> 0.99 (1.81 -> 1.39); 98 positions, 1024 -> 512: 0.67 -> 0.59. AVX-512's 8-lane
-    tiles the same, its 16-lane ones 0-10% faster. Only with two tiles of rows or more, a
-    reduction of ``REDUCTION_BLOCKED_MIN`` or more, and two bands a thread. (The weight
-    gradient's GEMM, whose product is large, ran 2.5x slower so: it reads its accumulators
-    once a block.)"""
-
+    (output channels) for each tile of rows, a row of W (a few KB) apart: the rows of a
+    tile's band fall in the same few sets of L1, so each tile of rows read its band from L2
+    again, and a W that does not start on a cache line (NumPy's large arrays start 16 bytes
+    past one) took one more line a row. A block of ``REDUCTION_BLOCK`` steps of a band of up
+    to ``BAND_TILES`` column tiles is read by every tile of rows in turn, then the next
+    block. On layers of neither half of the network suite, AVX2 (Zen 4 built for znver3),
+    kernels alone, W on a cache line / 16 bytes past one: strided pointwise 768 -> 1024 on
+    2x10x10 0.54 -> 0.43 ms / 0.60 -> 0.51, 640 -> 2048 on 2x8x8 0.62 -> 0.48 / 0.76 -> 0.53;
+    dX transposed 512 -> 1536 on 3x6x6 1.17 -> 0.89 / 1.37 -> 1.02. AVX-512's 8-lane tiles
+    10-25% faster, its 16-lane ones the same. A reduction of 512 gained nothing (-5% to +5%:
+    a band's 512 rows stay in L2 anyway), so blocks only from ``REDUCTION_BLOCKED_MIN``, with
+    two tiles of rows or more and two bands a thread. (The weight gradient's GEMM, whose
+    product is large, ran 2.5x slower so: it reads its accumulators once a block.)"""
     if n_rows <= rows_t or depth < REDUCTION_BLOCKED_MIN:
         return 0, 0
     steps = max(d for d in divisors(depth) if d <= REDUCTION_BLOCK)
