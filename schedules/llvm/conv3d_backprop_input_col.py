@@ -8,6 +8,8 @@ contiguous in both ``cols`` and the user's filter. A GEMM micro-kernel:
       for co                                       for the tiles of positions after it
         register tile: positions x vectors of f    broadcasts of dy, the vectors of W
 
+(with 1024 output channels or more, and two tiles of positions or more, in blocks of 256 of
+them: every tile of positions reads a block's slice of W in turn, ``col.reduction_block``),
 then each position of dX sums the cells of ``cols`` its taps read (planes in parallel). Along
 a strided axis D or H that the stride divides, that stage runs one stride phase at a time (the
 phase loop unrolled): within a phase a tap's ``% stride`` test is a constant, so the taps that
