@@ -255,6 +255,16 @@ def _schedule_whole_tiles(sch, block, rows, columns, reduction, n_rows: int, vec
     # one (a partition of the rows loop of its own, under the same parallel loop).
     sch.reorder(columns_o, rows, reduction, columns_v, lane)
     parallel(sch, [columns_o], target)
+    for gemm, part_rows, part_reduction, part_v, part_lane in _row_tiles(sch, rows, n_rows,
+                                                                          rows_t):
+        _finish_tile(sch, gemm, [], part_reduction, [part_rows, part_v], part_lane, target)
+
+
+def _row_tiles(sch, rows, n_rows: int, rows_t: int):
+    """The loop ``rows`` (over the reduction, the vectors of a column tile and their lanes)
+    partitioned into the whole tiles of ``rows_t`` rows and the narrower last one: for each
+    part, in turn, its GEMM block and loops (tile rows, reduction, vectors, lane), the tile's
+    rows moved inside the reduction."""
     whole, last = sch.loop_partition(rows, [n_rows - n_rows % rows_t])
     for part, height in ((whole, rows_t), (last, None)):
         gemm = sch.get_child_blocks(part)[0]
@@ -264,7 +274,7 @@ def _schedule_whole_tiles(sch, block, rows, columns, reduction, n_rows: int, vec
             sch.reorder(rows_o, part_reduction, part_rows)
         else:  # (a loop that does not start at 0: ``split`` does not take it)
             sch.reorder(part_reduction, part_rows)
-        _finish_tile(sch, gemm, [], part_reduction, [part_rows, part_v], part_lane, target)
+        yield gemm, part_rows, part_reduction, part_v, part_lane
 
 
 def _schedule_blocks(sch, block, rows, columns, reduction, n_rows: int, rows_t: int,
@@ -292,15 +302,7 @@ def _schedule_blocks(sch, block, rows, columns, reduction, n_rows: int, rows_t: 
         sch.unroll(rows_i)
         sch.unroll(columns_v)
         return
-    whole, last = sch.loop_partition(rows, [n_rows - n_rows % rows_t])
-    for part, height in ((whole, rows_t), (last, None)):
-        gemm = sch.get_child_blocks(part)[0]
-        part_rows, part_step, part_v, _ = sch.get_loops(gemm)[-4:]
-        if height:
-            rows_o, part_rows = sch.split(part_rows, [None, height])
-            sch.reorder(rows_o, part_step, part_rows)
-        else:  # (a loop that does not start at 0: ``split`` does not take it)
-            sch.reorder(part_step, part_rows)
+    for _, part_rows, _, part_v, _ in _row_tiles(sch, rows, n_rows, rows_t):
         sch.unroll(part_rows)
         sch.unroll(part_v)
 
