@@ -294,6 +294,12 @@ BLOCK_CASES = {  # (conv): col input gradients of a reduction (Cout) long enough
     "pointwise-stride2": conv3d(1, 96, (1, 6, 21), 512, (1, 1, 1), stride=(1, 2, 2), pad=0),
     # 100 columns: whole vectors in blocks, then a narrower vector's GEMM (not blocked)
     "odd-columns": conv3d(1, 100, (1, 6, 21), 512, (1, 1, 1), stride=(1, 2, 2), pad=0),
+    # one tile of rows (a GEMV of W): one position, 512 columns, 128 steps in blocks of 8
+    "one-position-k222": conv3d(1, 64, (2, 2, 2), 128, (2, 2, 2), stride=2, pad=0),
+    # two positions, 200 columns (a narrower last vector at 16 lanes), 96 steps
+    "two-positions-odd-columns": conv3d(1, 25, (2, 2, 4), 96, (2, 2, 2), stride=2, pad=0),
+    # a pointwise layer's dX transposed, one position an image: 72 steps, 40 columns
+    "pointwise-one-position": conv3d(2, 40, (1, 1, 1), 72, (1, 1, 1), pad=0),
 }
 
 
@@ -348,15 +354,31 @@ def test_the_input_gradient_runs_in_blocks_of_its_reduction(monkeypatch, name, l
 def test_reduction_blocks_only_where_they_pay():
     """:func:`reduction_block` for AVX2 (16 lanes: 2 x 8 per vector) and two threads: blocks
     of 256 steps (or a divisor of the reduction) in bands of up to 4 tiles, for two tiles of
-    rows or more, a reduction of 1024 or more, and two bands a thread."""
+    rows or more, a reduction of 1024 or more, and two bands a thread (one tile of rows:
+    :func:`test_one_tile_of_rows_runs_in_short_blocks`)."""
     target = Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})
     assert col_rule.reduction_block(32, 6, 64, 2048, target) == (256, 4)
     assert col_rule.reduction_block(32, 6, 64, 1152, target) == (192, 4)
     assert col_rule.reduction_block(32, 6, 8, 2048, target) == (256, 2)
-    assert col_rule.reduction_block(6, 6, 64, 2048, target) == (0, 0)  # one tile of rows
     assert col_rule.reduction_block(32, 6, 64, 512, target) == (0, 0)  # a short reduction
     assert col_rule.reduction_block(32, 6, 3, 2048, target) == (0, 0)  # 3 tiles, 2 threads
     assert col_rule.reduction_block(32, 6, 64, 2 * 521, target) == (0, 0)  # no divisor
+
+
+def test_one_tile_of_rows_runs_in_short_blocks():
+    """:func:`reduction_block` where the rows are one register tile of one or two rows (a
+    GEMV of W), AVX2 and two threads: blocks of 8 rows of W (or a divisor of the reduction
+    from 4), a thread's column tiles in one band; none for a wider tile, a reduction under
+    64, fewer column tiles than threads, or no divisor."""
+    target = Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})
+    assert col_rule.reduction_block(1, 1, 64, 2048, target) == (8, 32)
+    assert col_rule.reduction_block(6, 6, 64, 2048, target) == (0, 0)  # a tile of 6 rows
+    assert col_rule.reduction_block(1, 1, 12, 256, target) == (8, 6)
+    assert col_rule.reduction_block(2, 2, 5, 96, target) == (8, 1)  # 5 tiles: 5 bands
+    assert col_rule.reduction_block(1, 1, 12, 36, target) == (0, 0)  # a short reduction
+    assert col_rule.reduction_block(1, 1, 12, 100, target) == (5, 6)  # 5 divides 100
+    assert col_rule.reduction_block(1, 1, 12, 2 * 67, target) == (0, 0)  # 2 is no block
+    assert col_rule.reduction_block(1, 1, 1, 256, target) == (0, 0)  # one tile, 2 threads
 
 
 def test_column_tiles_leave_out_a_few_vectors_only_where_that_pays():

@@ -202,6 +202,12 @@ def _schedule_tiles(sch, block, rows, columns, reduction, n_rows: int, vectors: 
 REDUCTION_BLOCK = 256
 REDUCTION_BLOCKED_MIN = 1024
 BAND_TILES = 4
+# ... and where its rows are one register tile of at most ``ONE_TILE_ROWS`` (a layer of one or
+# two positions: a GEMV), the steps of a block, at most (at least half as many), and the
+# reduction such a GEMM needs.
+ONE_TILE_ROWS = 2
+ONE_TILE_STEPS = 8
+ONE_TILE_MIN_DEPTH = 64
 
 
 def reduction_block(n_rows: int, rows_t: int, column_tiles: int, depth: int, target
@@ -222,12 +228,38 @@ def reduction_block(n_rows: int, rows_t: int, column_tiles: int, depth: int, tar
     10-25% faster, its 16-lane ones the same. A reduction of 512 gained nothing (-5% to +5%:
     a band's 512 rows stay in L2 anyway), so blocks only from ``REDUCTION_BLOCKED_MIN``, with
     two tiles of rows or more and two bands a thread. (The weight gradient's GEMM, whose
-    product is large, ran 2.5x slower so: it reads its accumulators once a block.)"""
-    if n_rows <= rows_t or depth < REDUCTION_BLOCKED_MIN:
+    product is large, ran 2.5x slower so: it reads its accumulators once a block.)
+
+    Where the rows are one register tile of one or two positions (a GEMV of W), each column
+    tile walked down all of W's rows, one vector of each a row apart: rows of 4 KB (1024
+    columns, power-of-two channels times a 2x2x2 filter) all fall in one set of L1, and each
+    vector came from L2 or beyond. There the blocks are of ``ONE_TILE_STEPS`` rows of W and
+    a thread's band is all its column tiles: the tile's accumulators are read and written
+    once a block, and W is read along its rows, ``ONE_TILE_STEPS`` streams at a time. On
+    layers of neither half of the network suite (AVX2, Zen 4 built for znver3, kernels
+    alone, W on a line / 16 bytes past one): 128 -> 256 2x2x2 stride 2 on 2x2x2 (one
+    position, 1024 columns) 0.038 -> 0.013 ms / 0.080 -> 0.014, on 2x2x4 (two) 0.035 ->
+    0.016 / 0.040 -> 0.019; 160 -> 320 (1280 columns) 0.026 -> 0.022 / 0.028 -> 0.025;
+    pointwise 256 -> 512 on one position 0.0060 -> 0.0058 / 0.0086 -> 0.0066. AVX-512,
+    whose tiles are wider: 0.022 -> 0.013 / 0.029 -> 0.014 (8 lanes), 0.012 -> 0.012 /
+    0.020 -> 0.016 (16 lanes) on the first. Wider tiles read their accumulators once a block
+    for more work and lost: 4 positions in one tile (UNet3D's 256 -> 512 3x3x3 on 1x2x2, of
+    the development half), AVX-512 0.19 -> 0.29 ms (16 lanes) and 0.22 -> 0.25-0.30 (8
+    lanes); 8 positions in two tiles, 128 -> 256 on 4x4x4, AVX2 0.062 -> 0.095."""
+    threads = num_threads(target)
+    if n_rows <= rows_t:
+        if n_rows > ONE_TILE_ROWS:
+            return 0, 0
+        steps = max(d for d in divisors(depth) if d <= ONE_TILE_STEPS)
+        bands = [b for b in divisors(column_tiles) if column_tiles // b >= threads]
+        if depth < ONE_TILE_MIN_DEPTH or 2 * steps < ONE_TILE_STEPS or not bands:
+            return 0, 0
+        return steps, max(bands)
+    if depth < REDUCTION_BLOCKED_MIN:
         return 0, 0
     steps = max(d for d in divisors(depth) if d <= REDUCTION_BLOCK)
     bands = [b for b in divisors(column_tiles) if b <= BAND_TILES
-             and column_tiles // b >= TAIL_COLUMN_TILES * num_threads(target)]
+             and column_tiles // b >= TAIL_COLUMN_TILES * threads]
     if steps < REDUCTION_BLOCK // 4 or not bands:
         return 0, 0
     return steps, max(bands)
