@@ -418,6 +418,8 @@ def _other_forms(graph: kernels.Graph, kind: str, conv: kernels.Conv3d,
     if kind == "grad_weight":
         if kernels.dot_applies(conv):
             forms["dot"] = kernels.grad_weight_dot(conv, prec, names)
+        if kernels.dot_blocks_apply(conv):
+            forms[kernels.DOT_BLOCKS] = kernels.grad_weight_dot(conv, prec, names)
         if kernels.rows_applies(conv):
             forms["rows"] = kernels.grad_weight_rows(conv, prec, names)
         if kernels.weight_rows_out_applies(conv):
