@@ -241,8 +241,8 @@ def reduction_block(n_rows: int, rows_t: int, column_tiles: int, depth: int, tar
     position, 1024 columns) 0.038 -> 0.013 ms / 0.080 -> 0.014, on 2x2x4 (two) 0.035 ->
     0.016 / 0.040 -> 0.019; 160 -> 320 (1280 columns) 0.026 -> 0.022 / 0.028 -> 0.025;
     pointwise 256 -> 512 on one position 0.0060 -> 0.0058 / 0.0086 -> 0.0066. AVX-512,
-    whose tiles are wider: 0.022 -> 0.013 / 0.029 -> 0.014 (8 lanes), 0.012 -> 0.012 /
-    0.020 -> 0.016 (16 lanes) on the first. Wider tiles read their accumulators once a block
+    whose tiles are wider: 0.022 -> 0.013 / 0.029 -> 0.014 (8 lanes), 0.012 -> 0.013 /
+    0.020 -> 0.014 (16 lanes) on the first. Wider tiles read their accumulators once a block
     for more work and lost: 4 positions in one tile (UNet3D's 256 -> 512 3x3x3 on 1x2x2, of
     the development half), AVX-512 0.19 -> 0.29 ms (16 lanes) and 0.22 -> 0.25-0.30 (8
     lanes); 8 positions in two tiles, 128 -> 256 on 4x4x4, AVX2 0.062 -> 0.095."""

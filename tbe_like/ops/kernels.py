@@ -425,9 +425,10 @@ def dot_blocks_apply(conv: Conv3d) -> bool:
     """Whether ``grad_weight_dot`` builds ``conv``'s weight gradient as ``DOT_BLOCKS``, in
     blocks of positions: operands past ``DOT_MAX_BYTES``, up to ``DOT_BLOCKS_MAX_BYTES``.
     X3D-M's pointwise layers of 24-108 channels on 16x56x56 and 16x28x28 (development half,
-    Zen 4, kernels alone, AVX2 / AVX-512) against the fastest other form: 54 -> 24 1.1 / 0.69
-    ms against 2.45 / 2.49, 24 -> 24 0.42 / 0.31 against 1.40 / 1.45, 108 -> 48 0.79 / 0.72
-    against 0.91 / 1.04 (PyTorch in the same runs: 2.1 / 4.9, 2.2 / 7.3, 1.32 / 1.16 ms)."""
+    Zen 4, kernels alone in measured selection's races, AVX2 / AVX-512) against the fastest
+    other form: 54 -> 24 1.11 / 0.73 ms against 2.47 / 2.56, 24 -> 54 0.74 / 0.74 against
+    0.89 / 0.89, 108 -> 48 0.70 / 0.64 against 0.90 / 0.96 (PyTorch: 2.3 / 4.1, 2.2 / 4.1,
+    1.30 / 1.17 ms). On layers of hundreds of channels the col forms stay faster."""
     touched = dot_bytes(conv)
     return touched is not None and DOT_MAX_BYTES < touched <= DOT_BLOCKS_MAX_BYTES
 
