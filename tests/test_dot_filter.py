@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from conftest import NP_DTYPES, RTOL, conv3d, run_form, weight_gradient
 from tbe_like.schedules import common
-from tbe_like.schedules.common import HEURISTIC_LANES, Heuristic
+from tbe_like.schedules.common import HEURISTIC_LANES, Heuristic, tile_registers
 from tbe_like.schedules.llvm import conv3d_backprop_filter_dot as dot_rule
 from tbe_like.schedules.llvm.conv3d_backprop_filter_dot import position_block, tile
 
 from tbe_like import ops, ranking, stages
-from tbe_like._tvm import IRModule, s_tir, tirx
+from tbe_like._tvm import IRModule, Target, s_tir, tirx
 from tbe_like.bounds import compile_checked
 from tbe_like.ops import kernels
 from tbe_like.ops.convolution_backward import _other_forms, graph_of
@@ -60,7 +60,7 @@ def test_a_vector_of_positions_across_rows_is_one_load(lanes):
     sch = s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)}))
     sch = kernels.schedule(sch, graph, TARGET, Heuristic(lanes=lanes))
     ir = compile_checked(sch.mod, TARGET).mod.inspect_source("ll")
-    co, ci = tile(conv.cout, conv.cin, lanes)
+    co, ci = tile(conv.cout, conv.cin, lanes, tile_registers(TARGET, lanes))
     assert ir.count(f"load <{lanes} x float>") >= co + ci
 
 
@@ -119,7 +119,7 @@ def test_blocks_of_positions_match_reference(monkeypatch, name, lanes):
     graph = kernels.grad_weight_dot(conv, prec)
     p = graph.params
     width = min(lanes, p.positions)
-    co_t, ci_t = tile(p.cout, p.cin, lanes)
+    co_t, ci_t = tile(p.cout, p.cin, lanes, tile_registers(TARGET, lanes))
     vectors, got_axis, groups = position_block(p, width, p.cout // co_t, p.cin // ci_t, 2)
     assert (got_axis, vectors) == (axis, 2) and groups >= 2
     assert vectors < p.positions // width  # several blocks an image
@@ -177,3 +177,14 @@ def test_the_operator_races_it_and_computes_the_same(transposed, measuring):
                                     output_padding=[0] * 3, groups=1,
                                     output_mask=(False, True, False))[1]
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
+
+
+def test_a_tile_fits_the_targets_registers():
+    """The register tile in the target's registers: AVX2's 16 ymm hold 8 vectors of 16 lanes
+    (a 4 x 4 tile of them, sized for AVX-512, spilled), 16 of 8; AVX-512's 32 zmm as before."""
+    avx2 = Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})
+    avx512 = Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    assert tile(24, 54, 16, tile_registers(avx2, 16)) == (2, 2)  # 4 + 2 + 2 <= 8
+    assert tile(24, 54, 8, tile_registers(avx2, 8)) == (3, 3)  # 9 + 3 + 3 <= 16
+    assert tile(24, 54, 16, tile_registers(avx512, 16)) == tile(24, 54, 16) == (4, 3)
+    assert tile(24, 54, 8, tile_registers(avx512, 8)) == tile(24, 54, 8) == (3, 3)
