@@ -123,6 +123,18 @@ def weight_gradient(conv, x, dy):
     return dw
 
 
+def assert_weight_form(graph, conv, dtype: str, lanes, seed: int) -> None:
+    """A weight gradient form's ``graph`` (:func:`run_form` with ``lanes``) on x and dy of
+    ``dtype`` drawn from ``seed`` equals NumPy's dW (:func:`weight_gradient`) within
+    ``RTOL[dtype]`` of its largest value."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(conv.x_shape).astype(NP_DTYPES[dtype])
+    dy = rng.standard_normal(conv.y_shape).astype(NP_DTYPES[dtype])
+    want = weight_gradient(conv, x, dy)
+    got = run_form(graph, lanes, (x, dy))
+    np.testing.assert_allclose(got, want, rtol=0, atol=RTOL[dtype] * np.abs(want).max())
+
+
 def run_form(graph, lanes, args) -> np.ndarray:
     """Run a framework kernel's graph scheduled with ``Heuristic(lanes)`` (``lanes`` an int;
     else the knobs themselves), compiled for this host under the bounds proof, on the NumPy

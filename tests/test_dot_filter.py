@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import NP_DTYPES, RTOL, conv3d, run_form, weight_gradient
+from conftest import assert_weight_form, conv3d
 from tbe_like.schedules import common
 from tbe_like.schedules.common import HEURISTIC_LANES, Heuristic, tile_registers
 from tbe_like.schedules.llvm import conv3d_backprop_filter_dot as dot_rule
@@ -40,12 +40,7 @@ def test_every_tile_matches_reference(name, lanes):
     assert kernels.dot_applies(conv)
     prec = kernels.Precision.on(TARGET, dtype, dtype)
     graph = kernels.grad_weight_dot(conv, prec)
-    rng = np.random.default_rng(3)
-    x = rng.standard_normal(conv.x_shape).astype(NP_DTYPES[dtype])
-    dy = rng.standard_normal(conv.y_shape).astype(NP_DTYPES[dtype])
-    want = weight_gradient(conv, x, dy)
-    got = run_form(graph, lanes, (x, dy))
-    np.testing.assert_allclose(got, want, rtol=0, atol=RTOL[dtype] * np.abs(want).max())
+    assert_weight_form(graph, conv, dtype, lanes, 3)
 
 
 @pytest.mark.parametrize("lanes", HEURISTIC_LANES)
@@ -129,12 +124,7 @@ def test_blocks_of_positions_match_reference(monkeypatch, name, lanes):
     loops = [sch.get(loop) for loop in sch.get_loops(update)]
     assert loops[0].kind == tirx.ForKind.PARALLEL and int(loops[0].extent) == groups
     assert vectors in [int(loop.extent) for loop in loops]
-    rng = np.random.default_rng(5)
-    x = rng.standard_normal(conv.x_shape).astype(NP_DTYPES[dtype])
-    dy = rng.standard_normal(conv.y_shape).astype(NP_DTYPES[dtype])
-    want = weight_gradient(conv, x, dy)
-    got = run_form(graph, lanes, (x, dy))
-    np.testing.assert_allclose(got, want, rtol=0, atol=RTOL[dtype] * np.abs(want).max())
+    assert_weight_form(graph, conv, dtype, lanes, 5)
 
 
 def test_position_blocks_only_past_the_bound():

@@ -10,12 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import (
-    NP_DTYPES,
-    RTOL,
+    assert_weight_form,
     conv3d,
     few_channel_weight_gradient,
-    run_form,
-    weight_gradient,
 )
 from tbe_like.schedules.common import HEURISTIC_LANES
 from tbe_like.schedules.llvm import conv3d_backprop_filter_outer as rule
@@ -55,12 +52,7 @@ def test_every_tile_matches_reference(name, lanes, registers, monkeypatch):
     assert kernels.outer_applies(conv)
     prec = kernels.Precision.on(TARGET, dtype, dtype)
     graph = kernels.grad_weight_outer(conv, prec)
-    rng = np.random.default_rng(5)
-    x = rng.standard_normal(conv.x_shape).astype(NP_DTYPES[dtype])
-    dy = rng.standard_normal(conv.y_shape).astype(NP_DTYPES[dtype])
-    want = weight_gradient(conv, x, dy)
-    got = run_form(graph, lanes, (x, dy))
-    np.testing.assert_allclose(got, want, rtol=0, atol=RTOL[dtype] * np.abs(want).max())
+    assert_weight_form(graph, conv, dtype, lanes, 5)
 
 
 def test_the_tile_fits_the_registers():

@@ -10,11 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import (
-    NP_DTYPES,
-    RTOL,
+    assert_weight_form,
     conv3d,
     few_channel_weight_gradient,
-    run_form,
     weight_gradient,
 )
 from tbe_like.schedules.common import HEURISTIC_LANES
@@ -90,12 +88,7 @@ def test_every_tile_matches_reference(name, lanes, registers, monkeypatch):
     graph = kernels.grad_weight_rows(conv, prec)
     padded = conv.out_spatial[2] % kernels.ROWS_LANES != 0
     assert (stages.DW_ROWS_DY in stages.stage_names(graph.output)) == padded
-    rng = np.random.default_rng(5)
-    x = rng.standard_normal(conv.x_shape).astype(NP_DTYPES[dtype])
-    dy = rng.standard_normal(conv.y_shape).astype(NP_DTYPES[dtype])
-    want = weight_gradient(conv, x, dy)
-    got = run_form(graph, lanes, (x, dy))
-    np.testing.assert_allclose(got, want, rtol=0, atol=RTOL[dtype] * np.abs(want).max())
+    assert_weight_form(graph, conv, dtype, lanes, 5)
 
 
 def test_the_tile_fits_the_registers():
