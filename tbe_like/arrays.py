@@ -312,6 +312,20 @@ class Spares:
             del kept
         return _handed_out(kind, host, dtype)
 
+    def numpy(self, index: int, shape: tuple[int, ...], dtype: np.dtype,
+              alignment: int) -> np.ndarray:
+        """:meth:`empty` for a NumPy result of a NumPy dtype (what a call on NumPy arrays
+        asks for): the same memory, without the library's and dtype's lookups (0.3 of the
+        0.6 us a call spent here)."""
+        with self._lock:
+            kept = self._kept[index]
+            if (kept is None or kept.dtype != dtype
+                    or sys.getrefcount(kept) != self._UNHELD
+                    or sys.getrefcount(kept.base) != self._UNHELD_BASE):
+                kept = self._kept[index] = _aligned_empty(
+                    shape, dtype, max(alignment, RESULT_ALIGNMENT))
+            return kept
+
 
 def copy_into(out: Any, value: Any) -> None:
     """``out[...] = value`` for an ``out=`` array the kernel could not write in place."""

@@ -222,6 +222,15 @@ class Kernel:
         self._func(*inputs, *results)
         return results[0] if len(results) == 1 else tuple(results)
 
+    def _run_numpy(self, inputs: Sequence[Any]) -> np.ndarray:
+        """:meth:`_run_in_place` for NumPy inputs of a kernel of one output: its NumPy result
+        (the caller checked the inputs as :meth:`_reads_in_place` does)."""
+        ((shape, dtype),) = self._numpy_outputs
+        result = self._spares.numpy(0, shape, dtype, self.alignment)
+        threads.keep_off_caller()
+        self._func(*inputs, result)
+        return result
+
     def _run_into(self, inputs: Sequence[Any], outs: Sequence[Any]) -> None:
         """Run on NumPy inputs and outputs that :meth:`_reads_in_place` and
         :meth:`_writes_in_place` accepted."""

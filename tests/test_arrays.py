@@ -362,6 +362,51 @@ def test_the_operator_reads_plain_arrays_without_the_general_checks(tmp_path_fac
         ex(go, x.astype(np.float64), w)
 
 
+@pytest.mark.parametrize("mask", [(False, True, False), (True, False, True)])
+def test_numpy_calls_of_a_2d_layer_take_the_short_path(tmp_path_factory, monkeypatch, mask):
+    """NumPy operands and no ``out`` (``_plain_call``'s shortest path): a 2D layer's operands
+    reach the kernels as 5-D views of their memory, the results come back in the operator's
+    shapes, equal to NumPy's, and a dropped result's memory is written again by the next
+    call; an operand no kernel reads (the weight of a weight gradient) may be a transposed
+    view, a read operand may not (the general path copies it)."""
+    from tbe_like.cache import KernelCache
+
+    rng = np.random.default_rng(11)
+    go = rng.standard_normal((2, 6, 5, 4)).astype(np.float32)
+    x = rng.standard_normal((2, 3, 7, 6)).astype(np.float32)
+    w = rng.standard_normal((6, 3, 3, 3)).astype(np.float32)
+    conv = dict(stride=1, padding=0, dilation=1, transposed=False, output_padding=0, groups=1)
+    ex = ops.prepare_convolution_backward(
+        go, x, w, bias_sizes=[6] if mask[2] else None, output_mask=mask,
+        cache=KernelCache(tmp_path_factory.getbasetemp() / "arrays_cache"), **conv)
+    want = ref.convolution_backward(go, x, w, output_mask=mask, **conv)
+    weight = w if mask[0] else np.ascontiguousarray(w.swapaxes(2, 3)).swapaxes(2, 3)
+    general = Kernel._args
+    monkeypatch.setattr(Kernel, "_args", lambda *a: pytest.fail("took the general path"))
+    seen = {name: spy(k, monkeypatch) for name, k in ex.kernels.items()}
+    got = ex(go, x, weight)
+    for g, e in zip(got, want, strict=True):
+        assert (g is None) == (e is None)
+        if g is not None:
+            assert isinstance(g, np.ndarray) and g.shape == e.shape
+            np.testing.assert_allclose(g, e, rtol=0, atol=1e-4 * np.abs(e).max())
+    slot = 0 if mask[0] else 1
+    (name,) = ex.kernels
+    assert seen[name][0][:2] == ([address(go), address(w)] if mask[0] else
+                                 [address(x), address(go)])
+    memory = address(got[slot])
+    del got, g
+    again = ex(go, x, weight)
+    assert address(again[slot]) == memory
+    np.testing.assert_allclose(again[slot], want[slot], rtol=0,
+                               atol=1e-4 * np.abs(want[slot]).max())
+    monkeypatch.setattr(Kernel, "_args", general)
+    transposed = np.ascontiguousarray(go.swapaxes(2, 3)).swapaxes(2, 3)
+    assert ex._plain(transposed, x, weight) is None
+    np.testing.assert_allclose(ex(transposed, x, weight)[slot], want[slot], rtol=0,
+                               atol=1e-4 * np.abs(want[slot]).max())
+
+
 @pytest.mark.parametrize("library", ["numpy", "torch"])
 def test_out_arrays_are_written_without_the_general_checks(tmp_path_factory, monkeypatch,
                                                            library):
