@@ -247,6 +247,8 @@ class Kernel:
         """
         if self._reads_in_place(inputs):
             if out is None:
+                if len(self.outputs) == 1:
+                    return self._run_numpy(inputs)
                 return self._run_in_place(inputs)
             outs = out if isinstance(out, (tuple, list)) else (out,)
             if self._writes_in_place(outs, inputs):
