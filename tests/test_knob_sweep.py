@@ -319,6 +319,39 @@ def test_the_gemm_tile_blocks_positions_and_channel_blocks():
     assert narrow.h_tile * narrow.w_tile * narrow.cb_tile * 2 <= dx_rule.ACC_REGS[8]
 
 
+def test_the_direct_tiles_fit_the_targets_registers():
+    """AVX2's 16 ymm hold 8 vectors of 16 lanes: the direct forms' 16-lane tiles are sized for
+    them (sized for AVX-512's 32 zmm they spilled: a stride-2 128 -> 256 1x3x3 layer on
+    8x14x14 took 5.3 ms for its weight gradient, 1.7 in registers); AVX-512's tiles and
+    AVX2's 8-lane tiles are what they were. The input gradient's accumulators: ``ACC_REGS``'s
+    share of the target's registers; the weight gradient's co x kw tile with its x vectors
+    and dy broadcasts within ``tile_registers``."""
+    from tbe_like.schedules.common import tile_registers
+
+    from tbe_like._tvm import Target
+
+    avx2 = Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})
+    avx512 = Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    assert dx_rule.accumulator_budget(avx2, 16) == 6  # 12 ymm, the filter's 2, a broadcast
+    assert dx_rule.accumulator_budget(avx2, 8) == dx_rule.ACC_REGS[8] == 8
+    assert dx_rule.accumulator_budget(avx512, 16) == dx_rule.ACC_REGS[16] == 24
+    assert dx_rule.accumulator_budget(avx512, 8) == dx_rule.ACC_REGS[8]
+    p = kernels.grad_weight(conv3d(1, 128, (8, 14, 14), 256, (1, 3, 3), (1, 2, 2), (0, 1, 1)),
+                            F32).params
+    args = (2, 256 * 128 * 9, 8, 3, False)  # threads, result, reduction, kw, no split K
+    for lanes in HEURISTIC_LANES:
+        wide = dw_rule.default_knobs(p, lanes, *args)
+        assert dw_rule.default_knobs(p, lanes, *args,
+                                     registers=tile_registers(avx512, lanes)) == wide
+    assert dw_rule.default_knobs(p, 8, *args, registers=tile_registers(avx2, 8)) == \
+        dw_rule.default_knobs(p, 8, *args)
+    narrow = dw_rule.default_knobs(p, 16, *args, registers=tile_registers(avx2, 16))
+    wide = dw_rule.default_knobs(p, 16, *args)
+    # Accumulators, x vectors and dy broadcasts (one register each of 16 lanes, C0 = 16).
+    need = [(k.co_tile * k.kw_tile + k.kw_tile) * k.ci_tile + k.co_tile for k in (narrow, wide)]
+    assert need[0] <= tile_registers(avx2, 16) == 8 < need[1] <= tile_registers(avx512, 16)
+
+
 @pytest.mark.parametrize("lanes", HEURISTIC_LANES)
 def test_a_pointwise_input_gradient_is_computed_row_by_row(lanes):
     """``Heuristic(rows=True)`` on a pointwise layer: two parallel stages (the flipped filter,

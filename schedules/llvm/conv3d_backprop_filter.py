@@ -47,6 +47,7 @@ from ..common import (
     schedule_winograd_transform,
     skip_edge_columns,
     skip_padding,
+    tile_registers,
 )
 from ..registry import register
 
@@ -106,7 +107,7 @@ SPLIT_K_CHANNELS = 16
 def default_knobs(p: BackpropFilterParams, lanes: int, threads: int, result_elems: int,
                   reduction: int, columns: int, split_k: bool | None = None,
                   rows: int | None = None, steps: int | None = None,
-                  whole: bool | None = None) -> Knobs:
+                  whole: bool | None = None, registers: int | None = None) -> Knobs:
     """The largest register tile that fits, then enough parallel chunks for every thread: of
     the output channels, or (``result_elems``: the float32 cells of a merged group's result,
     ``reduction``: the extent of the fused (n, do) loop) of the reduction when the channels
@@ -121,7 +122,7 @@ def default_knobs(p: BackpropFilterParams, lanes: int, threads: int, result_elem
     to ``WHOLE_STEPS`` steps, False never."""
     geo, g = p.geometry, p.geometry.group
     vectors = max(1, geo.c0 // lanes)  # registers per C0 vector
-    registers = REGISTERS.get(lanes, 16)
+    registers = min(REGISTERS.get(lanes, 16), registers or REGISTERS.get(lanes, 16))
     tiles = [(co, kw) for kw in divisors(columns) for co in divisors(g.cout_g)
              if (co * kw + kw) * vectors + co <= registers and co <= 8]
     co_tile, kw_tile = max(tiles, key=lambda t: (t[0] * t[1], t[0]))
@@ -198,7 +199,8 @@ def schedule(sch, p: BackpropFilterParams, target,
             rows = int(sch.get(ho).extent)
             steps = None if transformed else reduction * rows * int(sch.get(wo).extent)
             knobs = default_knobs(p, h.lanes, num_threads(target), result, reduction,
-                                  int(sch.get(kw).extent), h.split_k, rows, steps, h.whole)
+                                  int(sch.get(kw).extent), h.split_k, rows, steps, h.whole,
+                                  tile_registers(target, h.lanes))
         _check_divides(sch, knobs, co, kw, ho, ci1)
         co_factors = [knobs.co_par, None, knobs.co_tile]
         kw_factors = [None, knobs.kw_tile]
