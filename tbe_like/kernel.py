@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -107,6 +108,7 @@ class Kernel:
             self._numpy_inputs, self._numpy_outputs = (
                 tuple((t.shape, arrays.numpy_dtype(t.dtype)) for t in group)
                 for group in (self.inputs, self.outputs))
+        self._torch_dtypes = None  # the inputs' torch dtypes (:meth:`_tensors_in_place`)
         self._address_multiple = max([self.alignment] + [
             arrays.numpy_dtype(t.dtype).itemsize for t in specs])
 
@@ -187,6 +189,28 @@ class Kernel:
         25 us."""
         return self._plain_numpy(inputs, self._numpy_inputs)
 
+    def _tensors_in_place(self, inputs: Sequence[Any]) -> list[Any] | None:
+        """``inputs`` as the kernel takes them where they are CPU torch tensors of its shapes
+        and dtypes that it reads as they are (contiguous, aligned; one that requires grad
+        detached, which shares its memory), else None: what :meth:`_args` checks of them in a
+        few attribute reads (14.6 us of Python a call on the general path, 4.3 on this one)."""
+        specs = self._numpy_inputs
+        torch = sys.modules.get("torch")
+        if specs is None or torch is None or len(inputs) != len(specs):
+            return None
+        if self._torch_dtypes is None:
+            self._torch_dtypes = tuple(getattr(torch, d.name, None) for _, d in specs)
+        multiple = self._address_multiple
+        taken = []
+        for a, (shape, dtype), tdtype in zip(inputs, specs, self._torch_dtypes, strict=True):
+            if type(a) is not torch.Tensor or not a.is_cpu or a.dtype is not tdtype \
+                    or a.shape != shape or not a.is_contiguous():
+                return None
+            if multiple > dtype.itemsize and a.data_ptr() % multiple:
+                return None
+            taken.append(a.detach() if a.requires_grad else a)
+        return taken
+
     def _plain_numpy(self, arrays_: Sequence[Any], specs) -> bool:
         """Whether ``arrays_`` are NumPy arrays of ``specs``' shapes and dtypes that the
         kernel takes as they are (C-contiguous, writeable, aligned)."""
@@ -254,6 +278,10 @@ class Kernel:
             if self._writes_in_place(outs, inputs):
                 self._run_into(inputs, outs)
                 return outs[0] if len(outs) == 1 else tuple(outs)
+        elif out is None and len(self.outputs) == 1:
+            tensors = self._tensors_in_place(inputs)
+            if tensors is not None:
+                return sys.modules["torch"].from_numpy(self._run_numpy(tensors))
         dev = self._device()  # a CUDA kernel where no GPU is: KernelLoadError before any check
         if self.target_kind == "cuda" and inputs and all(map(arrays.on_host, inputs)):
             return self._call_from_host(inputs, out, dev)
