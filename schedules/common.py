@@ -33,7 +33,9 @@ class Heuristic:
     A rule called without knobs uses ``Heuristic(<the target's lanes>)``. The rules'
     ``candidates`` are the few heuristics that measured selection (``tbe_like.tune``) times on
     the machine; every one of them is correct on every x86 CPU (a 16-lane tile on an AVX2
-    machine only spills), and the tests build each of them on whatever CPU runs them.
+    machine is two ymm registers a vector, sized for them where a rule counts its registers
+    with :func:`tile_registers`), and the tests build each of them on whatever CPU runs
+    them.
     """
 
     lanes: int

@@ -78,6 +78,8 @@ def accumulator_budget(target, lanes: int) -> int:
     unchanged."""
     budget = ACC_REGS.get(lanes, 8)
     return min(budget, budget * tile_registers(target, lanes) // _ACC_OF.get(lanes, 16))
+
+
 # Output channels per reduction chunk at most: 3*3*32*16 fp32 filter values are 18 KiB (L1 32).
 CO_CHUNK = 32
 # Parallel tasks per thread below which the input-channel blocks are parallel tasks as well.
