@@ -201,9 +201,10 @@ class Kernel:
         if self._torch_dtypes is None:
             self._torch_dtypes = tuple(getattr(torch, d.name, None) for _, d in specs)
         multiple = self._address_multiple
+        plain = arrays.plain_tensor_types(torch)
         taken = []
         for a, (shape, dtype), tdtype in zip(inputs, specs, self._torch_dtypes, strict=True):
-            if type(a) is not torch.Tensor or not a.is_cpu or a.dtype is not tdtype \
+            if type(a) not in plain or not a.is_cpu or a.dtype is not tdtype \
                     or a.shape != shape or not a.is_contiguous():
                 return None
             if multiple > dtype.itemsize and a.data_ptr() % multiple:

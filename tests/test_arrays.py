@@ -114,13 +114,13 @@ def test_inputs_that_cannot_be_read_in_place_are_copied(kernel, data, monkeypatc
 
 
 def test_cpu_tensors_reach_a_kernel_without_the_general_checks(kernel, data, monkeypatch):
-    """A DSL kernel called with CPU tensors of its shapes and dtypes (one requiring grad too)
-    hands them to its function as they are, through the short path (``_tensors_in_place``:
-    the general path's checks took 14.6 us of Python a call), and returns a tensor of the
-    reference's values; a transposed view or a wrong dtype takes the general path, which
-    copies the one and names the other."""
+    """A DSL kernel called with CPU tensors of its shapes and dtypes (one requiring grad, one
+    a ``torch.nn.Parameter``) hands them to its function as they are, through the short path
+    (``_tensors_in_place``: the general path's checks took 14.6 us of Python a call), and
+    returns a tensor of the reference's values; a transposed view or a wrong dtype takes the
+    general path, which copies the one and names the other."""
     x, dy, want = data
-    tx, tdy = torch.from_numpy(x), torch.from_numpy(dy).requires_grad_(True)
+    tx, tdy = torch.nn.Parameter(torch.from_numpy(x)), torch.from_numpy(dy).requires_grad_(True)
     general = Kernel._args
     monkeypatch.setattr(Kernel, "_args", lambda *a: pytest.fail("took the general path"))
     seen = spy(kernel, monkeypatch)
@@ -347,19 +347,24 @@ def _small_layer(tmp_path_factory, seed: int, mask=(True, True, True)):
     return ex, (go, x, w), want
 
 
-@pytest.mark.parametrize("library", ["numpy", "torch", "torch-requires-grad"])
+@pytest.mark.parametrize("library", ["numpy", "torch", "torch-requires-grad",
+                                     "torch-parameter"])
 def test_the_operator_reads_plain_arrays_without_the_general_checks(tmp_path_factory,
                                                                      monkeypatch, library):
     """Contiguous NumPy arrays and CPU tensors of the prepared shapes and dtype go straight to
     the kernels (``_plain_call``: a 1x1x1 layer's call took 25-40 us on the general path, its
     kernel 1-13 us), read in place, with results of the inputs' library equal to the
-    reference's; anything else (a transposed view, a wrong dtype) takes the general path."""
+    reference's; a module's weight (``torch.nn.Parameter``, what ``tbe_like.torch``'s backward
+    pass hands over) too; anything else (a transposed view, a wrong dtype) takes the general
+    path."""
     ex, (go, x, w), want = _small_layer(tmp_path_factory, 5)
     args = (go, x, w)
     if library != "numpy":
         args = tuple(torch.from_numpy(a) for a in args)
         if library == "torch-requires-grad":
             args[2].requires_grad_(True)
+        if library == "torch-parameter":
+            args = (*args[:2], torch.nn.Parameter(args[2]))
     general = Kernel._args
     monkeypatch.setattr(Kernel, "_args", lambda *a: pytest.fail("took the general path"))
     seen = [spy(k, monkeypatch) for k in (ex.kernels["grad_input"], ex.kernels["grad_weight"])]

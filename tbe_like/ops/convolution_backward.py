@@ -196,10 +196,11 @@ def _plain_call(p: ConvolutionBackwardParams, built: dict[str, Kernel]):
         and the results are torch tensors on the kernels' kept memory. None where a tensor
         needs anything else."""
         tdtype = getattr(torch, p.dtype)
+        plain = arrays.plain_tensor_types(torch)
         host = [None, None, None]
         for i, shape, reads in checked:
             a = given[i]
-            if type(a) is not torch.Tensor or not a.is_cpu or a.dtype is not tdtype \
+            if type(a) not in plain or not a.is_cpu or a.dtype is not tdtype \
                     or a.shape != shape:
                 return None
             if reads:
@@ -268,7 +269,7 @@ def _plain_call(p: ConvolutionBackwardParams, built: dict[str, Kernel]):
             if torch is None:
                 return None
             for a in given:
-                if type(a) is not torch.Tensor or not a.is_cpu:
+                if type(a) not in arrays.plain_tensor_types(torch) or not a.is_cpu:
                     return None
             for o in out:
                 if o is not None and (type(o) is not torch.Tensor or not o.is_cpu
