@@ -294,7 +294,7 @@ class Spares:
     """
 
     # References to a kept array while nothing else holds it: its slot, the name ``kept`` in
-    # :meth:`empty`, getrefcount's argument; to the array owning its memory: the kept array
+    # :meth:`numpy`, getrefcount's argument; to the array owning its memory: the kept array
     # (its ``base``), getrefcount's argument.
     _UNHELD = 3
     _UNHELD_BASE = 2
@@ -306,27 +306,22 @@ class Spares:
     def empty(self, index: int, like: Any, shape: Sequence[int], dtype: str,
               alignment: int) -> Any:
         """``empty_like_library(like, shape, dtype, alignment)``, from the kept memory when
-        it is free."""
+        it is free (:meth:`numpy`)."""
         kind = _host_kind(like)
         if kind is None:
             return empty_like_library(like, shape, dtype, alignment)
-        with self._lock:
-            kept = self._kept[index]
-            # Memory a NumPy result had is a torch result's too (and the other way round):
-            # a float32 result is the same NumPy array, handed out as a tensor or not.
-            free = (kept is not None and kept.dtype == _host_dtype(kind, dtype)
-                    and sys.getrefcount(kept) == self._UNHELD
-                    and sys.getrefcount(kept.base) == self._UNHELD_BASE)
-            host = kept if free else _host_empty(kind, shape, dtype, alignment)
-            self._kept[index] = host
-            del kept
-        return _handed_out(kind, host, dtype)
+        # Memory a NumPy result had is a torch result's too (and the other way round): a
+        # float32 result is the same NumPy array, handed out as a tensor or not.
+        return _handed_out(kind, self.numpy(index, shape, _host_dtype(kind, dtype), alignment),
+                           dtype)
 
     def numpy(self, index: int, shape: tuple[int, ...], dtype: np.dtype,
               alignment: int) -> np.ndarray:
-        """:meth:`empty` for a NumPy result of a NumPy dtype (what a call on NumPy arrays
-        asks for): the same memory, without the library's and dtype's lookups (0.3 of the
-        0.6 us a call spent here)."""
+        """The NumPy memory of result ``index`` (``_host_empty``'s), the kept one when it is
+        free: its dtype is ``dtype`` and CPython's reference count says no array, view or
+        tensor refers to it or to the array owning its memory. What a call on NumPy arrays
+        asks for directly (0.3 us, where :meth:`empty`'s lookups of the library and the dtype
+        took 0.6)."""
         with self._lock:
             kept = self._kept[index]
             if (kept is None or kept.dtype != dtype

@@ -189,6 +189,18 @@ def _plain_call(p: ConvolutionBackwardParams, built: dict[str, Kernel]):
                         slot) for kernel, (i, j), shape, slot in runs)
     # Each operand's index, the shape it must have, and whether a kernel (or the sum) reads it.
     checked = tuple((i, shapes[i], i in read) for i in range(3))
+    slots = tuple(slot for *_, slot in runs)  # the results the kernels give
+
+    def run_kernels(operands) -> list[Any]:
+        """Each kernel on its operands (checked: NumPy arrays or CPU tensors it takes as they
+        are): the NumPy results in their (grad_input, grad_weight, grad_bias) slots."""
+        found: list[Any] = [None, None, None]
+        for run, i, j, shape_i, shape_j, shape, slot in numpy_runs:
+            a, b = operands[i], operands[j]
+            result = run((a if shape_i is None else a.reshape(shape_i),
+                          b if shape_j is None else b.reshape(shape_j)))
+            found[slot] = result if shape is None else result.reshape(shape)
+        return found
 
     def call_torch(torch, given):
         """CPU torch tensors and no ``out``: the tensors go to the kernels as they are (TVM
@@ -209,12 +221,9 @@ def _plain_call(p: ConvolutionBackwardParams, built: dict[str, Kernel]):
                 if not a.is_contiguous() or (multiple and a.data_ptr() % multiple):
                     return None
                 host[i] = a
-        found: list[Any] = [None, None, None]
-        for run, i, j, shape_i, shape_j, shape, slot in numpy_runs:
-            a, b = host[i], host[j]
-            result = run((a if shape_i is None else a.reshape(shape_i),
-                          b if shape_j is None else b.reshape(shape_j)))
-            found[slot] = torch.from_numpy(result if shape is None else result.reshape(shape))
+        found = run_kernels(host)
+        for slot in slots:
+            found[slot] = torch.from_numpy(found[slot])
         if bias_axes is not None:  # on grad_output, which every kernel reads: checked above
             found[2] = torch.from_numpy(arrays.sum_float32(host[0].numpy(), bias_axes,
                                                            p.grad_bias_dtype))
@@ -239,12 +248,7 @@ def _plain_call(p: ConvolutionBackwardParams, built: dict[str, Kernel]):
                     return None
                 if multiple and a.__array_interface__["data"][0] % multiple:
                     return None
-        found: list[Any] = [None, None, None]
-        for run, i, j, shape_i, shape_j, shape, slot in numpy_runs:
-            a, b = given[i], given[j]
-            result = run((a if shape_i is None else a.reshape(shape_i),
-                          b if shape_j is None else b.reshape(shape_j)))
-            found[slot] = result if shape is None else result.reshape(shape)
+        found = run_kernels(given)
         if bias_axes is not None:
             found[2] = arrays.sum_float32(given[0], bias_axes, p.grad_bias_dtype)
         return tuple(found)
@@ -268,8 +272,9 @@ def _plain_call(p: ConvolutionBackwardParams, built: dict[str, Kernel]):
             torch = sys.modules.get("torch")
             if torch is None:
                 return None
+            plain = arrays.plain_tensor_types(torch)
             for a in given:
-                if type(a) not in arrays.plain_tensor_types(torch) or not a.is_cpu:
+                if type(a) not in plain or not a.is_cpu:
                     return None
             for o in out:
                 if o is not None and (type(o) is not torch.Tensor or not o.is_cpu
@@ -312,7 +317,7 @@ def _plain_call(p: ConvolutionBackwardParams, built: dict[str, Kernel]):
         for (kernel, (i, j), shape, slot), o in zip(runs, written, strict=True):
             ins = (host[i].reshape(shapes5[i]), host[j].reshape(shapes5[j]))
             if o is None:
-                found[slot] = kernel._run_in_place(ins).reshape(shape)
+                found[slot] = kernel._run_numpy(ins).reshape(shape)
             else:
                 kernel._run_into(ins, (o,))
                 found[slot] = out[slot]
