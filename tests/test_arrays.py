@@ -615,3 +615,38 @@ def test_tensors_without_memory_are_refused_by_name(kernel, data, tmp_path_facto
     with pytest.raises(ValueError, match=r"^kernel arrays_small: input 'x' must be on the llvm "
                                          r"kernel's device \(cpu\), got meta$"):
         kernel(torch.empty(x_np.shape, device="meta"), dy_np)
+
+
+@pytest.mark.parametrize("shape", [
+    (1, 8, 4, 16, 16),     # rows of whole blocks (1024 = 4 x 256)
+    (3, 5, 3, 7, 13),      # 273 = one block and a rest, three images
+    (2, 16, 2, 4, 4),      # rows shorter than a block
+    (2, 4, 600),           # 1D: 600 = 2 blocks and a rest
+    (1, 3, 2, 300, 300),   # 180000 elements a channel
+])
+@pytest.mark.parametrize("values", ["normal", "positive"])
+def test_channel_sums_are_as_accurate_as_numpys_sum(shape, values):
+    """grad_bias's host sum (``arrays.sum_float32`` over all axes but the channels, float32)
+    in blocks of a row: within a few float32 roundings of float64's sum, as NumPy's pairwise
+    ``sum`` is, for any row length, batch and sign of the values; a non-contiguous array and
+    other dtypes too (those take ``sum`` itself)."""
+    rng = np.random.default_rng(sum(shape))
+    a = rng.standard_normal(shape).astype(np.float32)
+    if values == "positive":
+        a = np.abs(a) + 1
+    axes = (0, *range(2, a.ndim))
+    want = a.astype(np.float64).sum(axis=axes)
+    scale = np.abs(a).astype(np.float64).sum(axis=axes)
+    got = arrays.sum_float32(a, axes, "float32")
+    assert got.dtype == np.float32 and got.shape == (shape[1],)
+    numpys = np.abs(a.sum(axis=axes, dtype=np.float32) - want) / scale
+    assert np.all(np.abs(got - want) / scale <= np.maximum(4 * numpys, 1e-6))
+    flipped = a[..., ::-1]  # not contiguous: summed the same way after a copy
+    np.testing.assert_allclose(arrays.sum_float32(flipped, axes, "float32"), got,
+                               rtol=1e-5, atol=1e-6 * scale.max())
+    a16 = a.astype(np.float16)  # summed in float32, rounded once (inf past float16's range)
+    with np.errstate(over="ignore"):
+        half = arrays.sum_float32(a16, axes, "float16")
+        want16 = a16.astype(np.float64).sum(axis=axes).astype(np.float16)
+    assert half.dtype == np.float16
+    np.testing.assert_allclose(half, want16, rtol=1e-3, atol=1e-6 * scale.max())

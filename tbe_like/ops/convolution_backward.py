@@ -12,8 +12,9 @@ Kernels (``tbe_like.ops.kernels``), on the convolution ``x -> y`` the operator d
 * grad_input: the input-gradient core (not transposed) or a forward convolution of grad_output
   with the weight (transposed);
 * grad_weight: the weight-gradient core on (x, y);
-* grad_bias: grad_output summed over N and the spatial axes, in float32, on the host (NumPy):
-  a memory-bound sum that needs no kernel.
+* grad_bias: grad_output summed over N and the spatial axes, in float32, on the host (NumPy,
+  in blocks of a channel's row: ``arrays.sum_float32``): a memory-bound sum that needs no
+  kernel.
 
 ``cube_math_type`` (``tbe_like.ops.params``): 0 keeps the dtype; 1 lets float32 operands be
 rounded to bfloat16 (the CPU's down-precision type; float16 on CUDA would be the same rule);
