@@ -299,6 +299,46 @@ def test_bench_times_again_the_rows_of_a_slow_phase(tmp_path, tiny, capsys, monk
         assert r["retimed"] == bench.SLOW_ROW_RETIMES
         assert r["rounds"] >= 2 and r["rounds_dropped"] >= 0 and r["call_rechecks"] >= 0
         assert r["kernel_ms"] > 0 and r["torch_ms"] > 0 and r["peak_gflops"] > 0
+        assert r["handover_us"] > 0
+
+
+def test_rounds_of_a_slow_hand_over_between_cores_are_dropped(monkeypatch):
+    """``bench._steady_rounds`` drops a round whose hand-over probe (the last but one of the
+    round's times) took over ``SPLIT_ROUND`` times the quickest round's, as it drops one
+    whose FMA peak (the last) ran slow, and times another in its place."""
+    from tbe_like import bench
+
+    # (the kernel, the hand-over, the FMA peak), seconds
+    timed = iter([(1.0, 100e-6, 1e-3), (1.5, 1000e-6, 1e-3), (1.1, 110e-6, 1e-3),
+                  (1.2, 105e-6, 2e-3)])
+    monkeypatch.setattr(bench, "_round", lambda fns, calls: next(timed))
+    kept, dropped = bench._steady_rounds([None] * 3, rounds=2, budget=10.0)
+    assert kept == [(1.0, 100e-6, 1e-3), (1.1, 110e-6, 1e-3)] and dropped == 1
+
+
+def test_rows_timed_in_a_split_phase_are_timed_again(capsys):
+    """``bench._retime_slow_rows``: a row whose hand-over between cores took over
+    ``SPLIT_ROW`` times the run's quickest is timed again and keeps the measurement timed
+    nearer the run's best host, whatever its times; the other rows are left as they are."""
+    from tbe_like import bench
+
+    def row(handover, ratio):
+        return {"shape": "s", "gradient": "weight", "ratio": ratio, "kernel_ms": 1.0,
+                "peak_gflops": 230.0, "handover_us": handover}
+
+    rows = [row(100.0, 1.2), row(1000.0, 0.8)]
+    again = iter([row(900.0, 0.5), row(105.0, 1.1)])
+    calls = []
+
+    def measure():
+        calls.append(1)
+        return next(again)
+
+    bench._retime_slow_rows(rows, [None, measure])
+    assert "timing again 1 rows" in capsys.readouterr().out
+    assert rows[0] == row(100.0, 1.2)  # steady: not timed again
+    assert len(calls) == 2 and rows[1]["retimed"] == 2
+    assert rows[1]["handover_us"] == 105.0 and rows[1]["ratio"] == 1.1
 
 
 def test_a_call_and_its_kernel_go_first_in_turn(monkeypatch):
