@@ -298,9 +298,9 @@ def _steady_rounds(fns, rounds: int, budget: float, calls: int = 3
     The FMA peak is timed in every round; a round whose peak ran more than ``SLOW_ROUND``
     times slower than the fastest round's is dropped and another is timed, within ``budget``
     seconds more and ``rounds`` more at most; so is a round whose hand-over between cores took
-    more than ``SPLIT_ROUND`` times the quickest round's (multi-stage kernels hand data from
-    core to core; in such phases that cost 10x, and PyTorch's kernels lost less of their
-    speed than ours). If fewer than 2 steady rounds remain, every round is kept."""
+    more than ``SPLIT_ROUND`` times the quickest round's (a kernel's stages hand data from
+    core to core, and in such phases that took 10x as long). If fewer than 2 steady rounds
+    remain, every round is kept."""
     out = _rounds(fns, rounds, budget, calls)
     start = time.perf_counter()
 
@@ -380,12 +380,12 @@ def handover_probe(threads: int):
     Each of ``threads`` tasks writes ``HANDOVER_BYTES`` (one parallel loop), then each sums
     what the next task wrote (a second one): the data a kernel's stage leaves in one core's
     cache for a loop on another core to read, which every multi-stage parallel kernel does.
-    On the 2-vCPU Zen 4 VM this took 0.34 ms a call for 10-60 s at a time and 1.2 ms for
-    the next 10-60 s, while the FMA peak, sums of 0.5-4 MiB a thread in the thread's own
-    cache and a copy of 8 MB did not move: the two vCPUs, it seems, further apart for a
-    while. I3D's 256 -> 64 temporal weight gradient took 2.2 ms there instead of 1.32
-    (packed form) and 2.6 instead of 1.04 (winograd_d); PyTorch moved less. Built like
-    :func:`fma_peak`, for the kernels' target."""
+    On the 2-vCPU Zen 4 VM it took 0.09-0.11 ms, and 1.0-1.07 ms for 10-60 s at a time,
+    while the FMA peak, sums of 0.5-4 MiB a thread in the thread's own cache and a copy of
+    8 MB did not move: the two vCPUs, it seems, further apart for a while. I3D's 256 -> 64
+    temporal weight gradient took 2.2 ms there instead of 1.32 (packed form) and 2.6 instead
+    of 1.04 (winograd_d); PyTorch's time for it moved less (1.35-1.47 ms over the runs).
+    Built like :func:`fma_peak`, for the kernels' target."""
     from tbe_like._tvm import IRModule, s_tir, te, tvm
     from tbe_like.bounds import compile_checked
     from tbe_like.target import host_target
