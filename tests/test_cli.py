@@ -299,7 +299,7 @@ def test_bench_times_again_the_rows_of_a_slow_phase(tmp_path, tiny, capsys, monk
         assert r["retimed"] == bench.SLOW_ROW_RETIMES
         assert r["rounds"] >= 2 and r["rounds_dropped"] >= 0 and r["call_rechecks"] >= 0
         assert r["kernel_ms"] > 0 and r["torch_ms"] > 0 and r["peak_gflops"] > 0
-        assert r["handover_us"] > 0
+        assert r["handover_us"] > 0 and len(r["build_handover_us"]) == 2
 
 
 def test_rounds_of_a_slow_hand_over_between_cores_are_dropped(monkeypatch):
@@ -316,11 +316,13 @@ def test_rounds_of_a_slow_hand_over_between_cores_are_dropped(monkeypatch):
     assert kept == [(1.0, 100e-6, 1e-3), (1.1, 110e-6, 1e-3)] and dropped == 1
 
 
-def test_rows_timed_in_a_split_phase_are_timed_again(capsys):
+def test_rows_timed_in_a_split_phase_are_timed_again(capsys, monkeypatch):
     """``bench._retime_slow_rows``: a row whose hand-over between cores took over
     ``SPLIT_ROW`` times the run's quickest is timed again and keeps the measurement timed
     nearer the run's best host, whatever its times; the other rows are left as they are."""
     from tbe_like import bench
+
+    monkeypatch.setattr(bench, "_normal_handover", lambda threads, quickest: quickest)
 
     def row(handover, ratio):
         return {"shape": "s", "gradient": "weight", "ratio": ratio, "kernel_ms": 1.0,
@@ -380,3 +382,18 @@ def test_the_call_bound_is_decided_on_the_fastest_of_each(monkeypatch):
     ratio, over, rechecks, median = bench._call_over_kernel([None], None, slow=False)
     assert ratio == pytest.approx(1.1) and over == pytest.approx(11 - 1.05 * 10 - 0.05)
     assert rechecks == bench.CALL_RECHECKS  # measured again, still over
+
+
+def test_a_run_timed_in_a_split_phase_throughout_is_caught(monkeypatch):
+    """``bench._normal_handover``: the run's quickest hand-over, capped by ``OWN_FACTOR``
+    times the same work on each core's own data (which the phases do not slow), so that a
+    run whose every row was timed in a phase is still timed again; both probes build and
+    time on this host."""
+    from tbe_like import bench
+
+    for across in (True, False):
+        probe, handed = bench.handover_probe(2, across)
+        assert bench._handover_now(probe) > 0 and handed == 2 * bench.HANDOVER_BYTES
+    monkeypatch.setattr(bench, "_handover_now", lambda probe: 100.0)
+    assert bench._normal_handover(2, 1000.0) == bench.OWN_FACTOR * 100.0  # a phase throughout
+    assert bench._normal_handover(2, 88.0) == 88.0
