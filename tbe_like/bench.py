@@ -494,7 +494,11 @@ def run(shapes, repeat: int, budget: float, torch_limit: float, threads: int
                   f"{100 * r['of_peak']:5.0f}% {r['compile_s']:7.2f} "
                   f"{_schedule_of(r):>9}",
                   flush=True)
-    _retime_slow_rows(rows, measures, threads)
+    if rows:
+        normal = _normal_handover(threads, min(r["handover_us"] for r in rows))
+        _retime_slow_rows(rows, measures, normal)
+        for r in rows:  # its selection timed the candidates in a phase of slow hand-overs
+            r["build_in_phase"] = max(r["build_handover_us"]) > SPLIT_ROW * normal
     return rows, runners
 
 
@@ -543,22 +547,18 @@ def _steady_host(timing: dict, fastest: float, quickest: float) -> bool:
             and timing["handover_us"] <= SPLIT_ROW * quickest)
 
 
-def _retime_slow_rows(rows: list[dict], measures: list, threads: int = 2) -> None:
+def _retime_slow_rows(rows: list[dict], measures: list, quickest: float) -> None:
     """Time again, at the end of the run, the rows whose every round fell in a slow phase of
     the host (:func:`_steady_rounds` drops single slow rounds): their FMA peak below
     ``SLOW_ROW`` of the run's best, or their hand-over between cores over ``SPLIT_ROW`` times
-    the run's quickest. On this 2-vCPU host whole seconds ran at half speed (peaks of 116
-    against 232 GFLOP/s), and a V-Net input gradient timed there read 0.85 ms against its
-    0.42; for 10-60 s at a time a hand-over took 10x as long (:func:`handover_probe`) and
-    I3D's temporal weight gradient 1.7-2.5x. The run's quickest hand-over is capped by what
-    one outside the phases takes (:func:`_normal_handover`), for a run timed in a phase
-    throughout. Each row keeps the measurement timed nearest the run's best host
-    (:func:`_host_state`), whatever either side's times; ``retimed`` says how many times it
-    was timed again (both sides are, PyTorch too)."""
-    if not rows:
-        return
+    ``quickest`` (the run's quickest, :func:`_normal_handover`). On this 2-vCPU host whole
+    seconds ran at half speed (peaks of 116 against 232 GFLOP/s), and a V-Net input gradient
+    timed there read 0.85 ms against its 0.42; for 10-60 s at a time a hand-over took 10x as
+    long (:func:`handover_probe`) and I3D's temporal weight gradient 1.7-2.5x. Each row keeps
+    the measurement timed nearest the run's best host (:func:`_host_state`), whatever either
+    side's times; ``retimed`` says how many times it was timed again (both sides are, PyTorch
+    too)."""
     fastest = max(r["peak_gflops"] for r in rows)
-    quickest = _normal_handover(threads, min(r["handover_us"] for r in rows))
     slow = [i for i, r in enumerate(rows) if not _steady_host(r, fastest, quickest)]
     if slow:
         print(f"timing again {len(slow)} rows timed in a slow phase of the host (FMA peak "
@@ -934,7 +934,7 @@ def _main(args) -> int:
           f"{handovers[-1]:.0f} over the rows; rows timed again at the end of the run: "
           f"{sum(1 for r in rows if r.get('retimed'))}; first builds (measured selection) "
           f"with a hand-over over {SPLIT_ROW}x the run's quickest just before or after: "
-          f"{sum(1 for r in rows if max(r['build_handover_us']) > SPLIT_ROW * handovers[0])}")
+          f"{sum(1 for r in rows if r['build_in_phase'])}")
     call_overhead = max(rows, key=lambda r: r["call_over_kernel"])
     print(f"largest call / kernel: {call_overhead['call_over_kernel']:.3f} "
           f"({call_overhead['shape']} {call_overhead['gradient']}: kernel "
