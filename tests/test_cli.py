@@ -396,3 +396,33 @@ def test_a_run_timed_in_a_split_phase_throughout_is_caught(monkeypatch):
     monkeypatch.setattr(bench, "_handover_now", lambda probe: 100.0)
     assert bench._normal_handover(2, 1000.0) == bench.OWN_FACTOR * 100.0  # a phase throughout
     assert bench._normal_handover(2, 88.0) == 88.0
+
+
+def test_a_row_whose_kernel_read_slower_than_its_call_is_timed_again(capsys):
+    """``bench._retime_slow_rows``: a row whose kernel alone read over ``KERNEL_OVER_CALL``
+    times its own call (which runs the kernel) was timed in a slow moment: it is timed again
+    and keeps a consistent measurement over an inconsistent one, even one timed on a steadier
+    host; a consistent row on a steady host is left alone."""
+    from tbe_like import bench
+
+    def row(call, kernel, handover=100.0, ratio=1.0):
+        return {"shape": "s", "gradient": "input", "ratio": ratio, "tbe_like_ms": call,
+                "kernel_ms": kernel, "kernel_ratio": ratio, "peak_gflops": 500.0,
+                "handover_us": handover}
+
+    steady = row(1.0, 0.98, ratio=1.3)
+    rows = [dict(steady), row(1.87, 2.34, ratio=0.95)]
+    again = iter([row(1.80, 2.20, handover=95.0, ratio=0.9), row(1.79, 1.75, handover=110.0,
+                                                                  ratio=1.07)])
+    calls = []
+
+    def measure():
+        calls.append(1)
+        return next(again)
+
+    bench._retime_slow_rows(rows, [None, measure], quickest=100.0)
+    assert "timing again 1 rows" in capsys.readouterr().out
+    assert rows[0] == steady
+    assert len(calls) == 2 and rows[1]["retimed"] == 2
+    assert rows[1]["kernel_ms"] == 1.75 and rows[1]["ratio"] == 1.07
+    assert bench._consistent(rows[1]) and not bench._consistent(row(1.0, 1.2))
