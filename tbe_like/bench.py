@@ -569,8 +569,7 @@ def _consistent(timing: dict) -> bool:
     ``KERNEL_OVER_CALL``: on a Zen 5 a 1280 -> 512 temporal input gradient's kernel read
     2.34 ms beside a call of 1.87 (the two paired: 1.06x), and a kernel ratio of 0.95 that,
     timed again, was about 1.07."""
-    call = timing.get("tbe_like_ms")
-    return call is None or timing["kernel_ms"] <= KERNEL_OVER_CALL * call
+    return timing["kernel_ms"] <= KERNEL_OVER_CALL * timing["tbe_like_ms"]
 
 
 def _sound(timing: dict, fastest: float, quickest: float) -> bool:

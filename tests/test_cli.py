@@ -317,6 +317,18 @@ def test_rounds_of_a_slow_hand_over_between_cores_are_dropped(monkeypatch):
     assert kept == [(1.0, 100e-6, 1e-3), (1.1, 110e-6, 1e-3)] and dropped == 1
 
 
+def _timed_again(timings: list[dict]):
+    """A row's measurement for ``bench._retime_slow_rows`` that gives ``timings`` in turn,
+    and the list its calls are counted in."""
+    calls, left = [], iter(timings)
+
+    def measure():
+        calls.append(1)
+        return next(left)
+
+    return measure, calls
+
+
 def test_rows_timed_in_a_split_phase_are_timed_again(capsys):
     """``bench._retime_slow_rows``: a row whose hand-over between cores took over
     ``SPLIT_ROW`` times the run's quickest is timed again and keeps the measurement timed
@@ -324,17 +336,11 @@ def test_rows_timed_in_a_split_phase_are_timed_again(capsys):
     from tbe_like import bench
 
     def row(handover, ratio):
-        return {"shape": "s", "gradient": "weight", "ratio": ratio, "kernel_ms": 1.0,
-                "peak_gflops": 230.0, "handover_us": handover}
+        return {"shape": "s", "gradient": "weight", "ratio": ratio, "tbe_like_ms": 1.0,
+                "kernel_ms": 1.0, "peak_gflops": 230.0, "handover_us": handover}
 
     rows = [row(100.0, 1.2), row(1000.0, 0.8)]
-    again = iter([row(900.0, 0.5), row(105.0, 1.1)])
-    calls = []
-
-    def measure():
-        calls.append(1)
-        return next(again)
-
+    measure, calls = _timed_again([row(900.0, 0.5), row(105.0, 1.1)])
     bench._retime_slow_rows(rows, [None, measure], quickest=100.0)
     assert "timing again 1 rows" in capsys.readouterr().out
     assert rows[0] == row(100.0, 1.2)  # steady: not timed again
@@ -412,14 +418,8 @@ def test_a_row_whose_kernel_read_slower_than_its_call_is_timed_again(capsys):
 
     steady = row(1.0, 0.98, ratio=1.3)
     rows = [dict(steady), row(1.87, 2.34, ratio=0.95)]
-    again = iter([row(1.80, 2.20, handover=95.0, ratio=0.9), row(1.79, 1.75, handover=110.0,
-                                                                  ratio=1.07)])
-    calls = []
-
-    def measure():
-        calls.append(1)
-        return next(again)
-
+    measure, calls = _timed_again([row(1.80, 2.20, handover=95.0, ratio=0.9),
+                                   row(1.79, 1.75, handover=110.0, ratio=1.07)])
     bench._retime_slow_rows(rows, [None, measure], quickest=100.0)
     assert "timing again 1 rows" in capsys.readouterr().out
     assert rows[0] == steady
