@@ -50,6 +50,7 @@ DW_COL_CAST = "dw_col_cast"  # the product in a float16 or bfloat16 result
 DX_COL = "dx_col"  # (N*Do*Ho*Wo, Cin*kd*kh*kw) float32: sum over co of dy * W
 DX_COL_RES = "dx_col_res"  # dX (N, Cin, D, H, W): each position's sum over the taps reaching it
 DX_COL_W = "dx_col_w"  # W transposed (1, Cin, Cout): the broadcast operand of dX as W^T dy
+DX_COL_PANEL = "dx_col_panel"  # W (Cout, Cin*kd*kh*kw) copied a column tile at a time
 DX_COL_CAST = "dx_col_cast"  # the result in the arrays' dtype, where that is not float32
 
 # The input gradient of a layer of few input or output channels, one stride phase of dX at a

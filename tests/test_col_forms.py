@@ -67,6 +67,11 @@ CASES = {  # (conv, dtype)
     # of 2, 24 channels (a tail of 8 past a 16-lane tile); 20 in float16.
     "pointwise-transposed-dx-batch2": (conv3d(2, 24, (2, 4, 6), 40, (1, 1, 1), pad=0),
                                        "float32"),
+    # ... and on 2x7x7 = 98 positions (a late stage's): tiles and 2 columns past them, which
+    # are copied element by element; float16 on 1x7x7 = 49.
+    "pointwise-transposed-dx-98": (conv3d(1, 24, (2, 7, 7), 40, (1, 1, 1), pad=0), "float32"),
+    "pointwise-transposed-dx-49-float16": (conv3d(1, 16, (1, 7, 7), 8, (1, 1, 1), pad=0),
+                                           "float16"),
     # dX as W^T dy in its own layout (``kernels.direct_dx``): 136 positions (a last vector of
     # 8 lanes past 16-lane ones), 21 input channels (rows); 128 positions in bfloat16 (a
     # cast pass).
@@ -351,6 +356,53 @@ def test_the_input_gradient_runs_in_blocks_of_its_reduction(monkeypatch, name, l
                                atol=RTOL["float32"] * np.abs(dx_want).max())
 
 
+PANEL_CASES = {  # (conv, packs): col input gradients, each GEMM with or without W's panels
+    # a late stage's pointwise layer: dX transposed, 98 positions (rows), rows of W 4 KB apart
+    "pointwise-2x7x7": (conv3d(1, 1024, (2, 7, 7), 24, (1, 1, 1), pad=0), True),
+    # a 2x2x2 filter of stride 2 (256 x 8 columns of 2 bytes: 4 KB) on 4x6x8: 24 positions
+    "k222-stride2-bfloat16": (conv3d(1, 256, (4, 6, 8), 48, (2, 2, 2), stride=2, pad=0), True),
+    # rows of W 2 KB apart: read where they lie
+    "pointwise-2x7x7-2kb": (conv3d(1, 512, (2, 7, 7), 24, (1, 1, 1), pad=0), False),
+    # one position an image: one tile of rows reads each panel
+    "pointwise-one-position": (conv3d(2, 1024, (1, 1, 1), 40, (1, 1, 1), pad=0), False),
+}
+
+
+@pytest.mark.parametrize("registers", [16, 32])
+@pytest.mark.parametrize("lanes", HEURISTIC_LANES)
+@pytest.mark.parametrize("name", list(PANEL_CASES))
+def test_the_input_gradient_copies_its_filter_a_column_tile_at_a_time(monkeypatch, name, lanes,
+                                                                      registers):
+    """Where W's rows lie 4 KB apart and two tiles of rows or more read a column tile of it
+    (:func:`col_rule.packs`), the col input gradient's GEMM copies that tile's columns of W
+    into a contiguous panel under its parallel loop over the column tiles, then runs its
+    tiles of rows on the panel; else it reads W where it lies (the copy inlined). AVX2's
+    and AVX-512's register budgets, two threads, W a float past a cache line: against NumPy
+    under the bounds proof."""
+    monkeypatch.setattr(col_rule, "tile_registers", lambda target, lanes_: registers)
+    monkeypatch.setattr(col_rule, "num_threads", lambda target: 2)
+    conv, packs = PANEL_CASES[name]
+    dtype = "bfloat16" if name.endswith("bfloat16") else "float32"
+    graph = kernels.grad_input_col(conv, kernels.Precision.on(TARGET, dtype, dtype))
+    rows = graph.params.positions // max(graph.params.images, 1)
+    vectors = graph.params.columns // lanes
+    rows_t, per_tile, _ = gemm_tile(rows, vectors, lanes, TARGET, conv.cout)
+    row_bytes = graph.params.columns * np.dtype(NP_DTYPES[dtype]).itemsize
+    assert col_rule.packs(rows, rows_t, vectors // per_tile, row_bytes, TARGET) == packs
+    sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})),
+                           graph, TARGET, Heuristic(lanes))
+    assert (stages.DX_COL_PANEL in block_names_of(sch)) == packs
+    if packs:
+        loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock(stages.DX_COL_PANEL))]
+        assert loops[-3].kind == tirx.ForKind.PARALLEL
+        assert int(loops[-3].extent) == vectors // per_tile
+        assert [int(loop.extent) for loop in loops[-2:]] == [conv.cout, per_tile * lanes]
+        assert loops[-1].kind == tirx.ForKind.VECTORIZED
+    _, w, dy, dx_want, _ = _case(conv, dtype, 17)
+    got = run_form(graph, lanes, (dy, misaligned(w)))
+    np.testing.assert_allclose(got, dx_want, rtol=0, atol=RTOL[dtype] * np.abs(dx_want).max())
+
+
 def test_reduction_blocks_only_where_they_pay():
     """:func:`reduction_block` for AVX2 (16 lanes: 2 x 8 per vector) and two threads: blocks
     of 256 steps (or a divisor of the reduction) in bands of up to 4 tiles, for two tiles of
@@ -450,15 +502,15 @@ def test_only_layers_of_few_positions_have_the_forms():
 def test_a_pointwise_weight_gradient_has_the_form_at_any_number_of_positions():
     """A 1x1x1 layer's im2col matrix repeats no tap: its weight gradient has the GEMM form on
     maps of any size, within the matrix's byte limit; so has a strided one's input gradient
-    (its dX is one stride phase of the GEMM's result), and a stride-1 one's where its dX is
-    the GEMM's result transposed in tiles (positions a multiple of 4; else at most 256)."""
+    (its dX is one stride phase of the GEMM's result), and a stride-1 one's (its dX the
+    GEMM's result transposed in tiles, then the positions past the last whole tile)."""
     prec = kernels.Precision("float32", "float32")
     shortcut = conv3d(1, 32, (8, 14, 14), 48, (1, 1, 1), stride=(1, 2, 2), pad=0)  # 392
     plain = conv3d(1, 32, (8, 14, 14), 48, (1, 1, 1), pad=0)  # 1568 positions, stride 1
     odd = conv3d(1, 32, (3, 9, 11), 48, (1, 1, 1), pad=0)  # 297 positions, stride 1
     for conv, kind, has in ((shortcut, "grad_weight", True), (shortcut, "grad_input", True),
                             (plain, "grad_weight", True), (plain, "grad_input", True),
-                            (odd, "grad_input", False)):
+                            (odd, "grad_input", True)):
         forms = _other_forms(graph_of(kind, conv, prec, target=TARGET), kind, conv, prec,
                              False, TARGET)
         assert ("col" in forms) == has, (conv, kind)
@@ -688,32 +740,38 @@ def _shuffles(mod) -> int:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("panel", [0, 1])
+@pytest.mark.parametrize("columns, panel", [(40, 0), (40, 40), (50, 0)])
 @pytest.mark.parametrize("lanes", TILE_LANES)
-def test_a_transposing_copy_in_register_tiles(lanes, panel, dtype):
+def test_a_transposing_copy_in_register_tiles(lanes, columns, panel, dtype):
     """``schedules.llvm.transpose``: dst[n, p, f] = src[n, f, p] for 2 images of 52 positions
     (whole tiles, then a tail of 4 or none) by 40 columns (tiles of the widest of 16, 8, 4
-    lanes up to ``lanes`` that divides them), in panels of 40 columns or none, float32 and
+    lanes up to ``lanes`` that divides them), in panels of 40 columns or none, or by 50
+    columns (no width divides them: tiles, then 2 columns element by element), float32 and
     bfloat16, under the bounds proof, equal to NumPy's transpose."""
-    images, positions, columns = 2, 52, 40
+    images, positions = 2, 52
     src = te.placeholder((images, columns, positions), name="src", dtype=dtype)
     dst = te.compute((images, positions, columns), lambda n, p, f: src[n, f, p], name="dst")
     out = te.compute((images, positions, columns), lambda *i: dst[i], name="out")
-    sch = s_tir.Schedule(IRModule({"main": te.create_prim_func([src, out])}))
-    width = tile_lanes(columns, lanes)
-    assert width == min(lanes, 8)
-    transpose_tiles(sch, sch.get_sblock("dst"), width, TARGET, columns if panel else 0)
+
+    def schedule() -> s_tir.Schedule:
+        return s_tir.Schedule(IRModule({"main": te.create_prim_func([src, out])}))
+
+    sch = schedule()
+    width = tile_lanes(columns, lanes, tail=True)
+    assert width == (min(lanes, 8) if columns == 40 else lanes)
+    assert tile_lanes(columns, lanes) == (width if columns == 40 else 0)
+    transpose_tiles(sch, sch.get_sblock("dst"), width, TARGET, panel)
     assert _shuffles(sch.mod) > 0
     a = np.random.default_rng(3).standard_normal((images, columns, positions), np.float32)
     a = a.astype(NP_DTYPES[dtype])
     got = tvm.runtime.empty((images, positions, columns), dtype)
     compile_checked(sch.mod, TARGET)["main"](tvm.runtime.tensor(a), got)
     np.testing.assert_array_equal(got.numpy(), a.transpose(0, 2, 1))
-    fresh = s_tir.Schedule(IRModule({"main": te.create_prim_func([src, out])}))
-    with pytest.raises(ValueError, match="tiles of 40 columns"):
-        transpose_tiles(fresh, fresh.get_sblock("dst"), 16, TARGET)
-    with pytest.raises(ValueError, match="0-lane tiles of 40 columns"):
+    fresh = schedule()
+    with pytest.raises(ValueError, match="0-lane tiles of"):
         transpose_tiles(fresh, fresh.get_sblock("dst"), tile_lanes(columns, 2), TARGET)
+    with pytest.raises(ValueError, match="in panels of 20"):  # 16-lane tiles are not a panel
+        transpose_tiles(fresh, fresh.get_sblock("dst"), 16, TARGET, 20)
 
 
 @pytest.mark.parametrize("lanes", HEURISTIC_LANES)
@@ -759,6 +817,13 @@ def test_dx_of_a_pointwise_layer_is_the_gemm_transposed_in_register_tiles(lanes)
     assert _shuffles(sch.mod) > 0
     odd = kernels.grad_input_col(conv3d(1, 16, (1, 3, 5), 8, (1, 1, 1), pad=0), prec)
     assert odd.params.images == 0
+    # From ``TRANSPOSED_TAIL_MIN_POSITIONS`` positions, any number: whole tiles, then the
+    # columns past them.
+    late = kernels.grad_input_col(CASES["pointwise-transposed-dx-98"][0], prec)
+    assert late.params.images == 1 and 98 >= kernels.TRANSPOSED_TAIL_MIN_POSITIONS
+    sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(late)})), late,
+                           TARGET, Heuristic(lanes))
+    assert _shuffles(sch.mod) > 0
 
 
 @pytest.mark.parametrize("lanes", HEURISTIC_LANES)

@@ -67,10 +67,11 @@ def schedule(sch, p: ColInputParams, target, knobs: Heuristic | None = None):
     # dX transposed: the GEMM of each image (n, p), the images one after the other
     m, n_rows = (rows[1], p.positions // p.images) if p.images else (rows[0], p.positions)
     schedule_gemm(sch, gemm, m, f, co, n_rows, p.columns, lanes, target, columns_first=True,
-                  reduction_blocks=True)
+                  reduction_blocks=True, panel=stages.DX_COL_PANEL)
     if p.images:  # dX[n, ci, p] = cols[n, p, ci]: tiles transposed in registers
         res = sch.get_sblock(stages.DX_COL_RES)
-        transpose_tiles(sch, res, tile_lanes(p.positions // p.images, lanes), target)
+        transpose_tiles(sch, res, tile_lanes(p.positions // p.images, lanes, tail=True),
+                        target)
     else:
         schedule_positions(sch, sch.get_sblock(stages.DX_COL_RES), p, target)
     if stages.DX_COL_CAST in names:

@@ -124,10 +124,16 @@ def _point_regions(sch, block) -> None:
     sch.annotate_buffer_access(block, 0, "write", lambda n, r, c: (n, r, c))
 
 
-def tile_lanes(columns: int, lanes: int) -> int:
+def tile_lanes(columns: int, lanes: int, tail: bool = False) -> int:
     """Lanes of the transposing copy's tiles of a matrix of ``columns`` columns: the widest of
-    ``lanes`` and narrower (:data:`TILE_LANES`) that divides them, 0 where none does."""
-    return max((t for t in TILE_LANES if t <= lanes and columns % t == 0), default=0)
+    ``lanes`` and narrower (:data:`TILE_LANES`) that divides them, 0 where none does; with
+    ``tail``, where none does, the widest that leaves the fewest columns past the last whole
+    tile (:func:`transpose_tiles` copies those element by element)."""
+    fits = [t for t in TILE_LANES if t <= lanes]
+    whole = max((t for t in fits if columns % t == 0), default=0)
+    if whole or not tail or not fits:
+        return whole
+    return min(fits, key=lambda t: (columns % t, -t))
 
 
 def transpose_tiles(sch, block, lanes: int, target, panel: int = 0) -> None:
@@ -135,18 +141,18 @@ def transpose_tiles(sch, block, lanes: int, target, panel: int = 0) -> None:
     layer seen as (N, Cin, P), transposed into its im2col matrix (N, P, Cin); or a pointwise
     input gradient's GEMM result (N, P, Cin) transposed into dX (N, Cin, P)), in tiles of
     ``lanes`` x ``lanes`` transposed in registers (:func:`transpose_intrinsic`; ``lanes`` one
-    of :data:`TILE_LANES` that divides dst's columns, :func:`tile_lanes`), all tiles in
-    parallel, column tiles outer (the order of the GEMM's column panels that read them). The
-    rows past the last whole tile are copied element by element. ``panel``: the destination
-    is kept in panels of that many columns, ``(c // panel, n, r, c % panel)`` (a multiple of
-    ``lanes``)."""
+    of :data:`TILE_LANES`, :func:`tile_lanes`), all tiles in parallel, column tiles outer
+    (the order of the GEMM's column panels that read them). The rows and the columns past the
+    last whole tile are copied element by element (a late stage's 2x7x7 = 98 positions: 12
+    tiles of 8 and 2 columns). ``panel``: the destination is kept in panels of that many
+    columns, ``(c // panel, n, r, c % panel)`` (a multiple of ``lanes`` that divides the
+    columns; then the columns are whole tiles)."""
     n, r, c = sch.get_loops(block)
     # The rows outermost: cut by loop_partition under the loop over the images, the tiles of
     # the second of 2 images were never written.
     sch.reorder(r, n)
     rows, columns = int(sch.get(r).extent), int(sch.get(c).extent)
-    if lanes not in TILE_LANES or columns % lanes or (panel and (panel % lanes
-                                                               or columns % panel)):
+    if lanes not in TILE_LANES or (panel and (panel % lanes or columns % panel)):
         raise ValueError(f"transpose_tiles: {lanes}-lane tiles of {columns} columns in "
                          f"panels of {panel}")
     dtype = str(sch.get(block).writes[0].source.dtype)
@@ -156,9 +162,16 @@ def transpose_tiles(sch, block, lanes: int, target, panel: int = 0) -> None:
         _point_regions(sch, tile)
     if panel:
         sch.transform_layout(tile, ("write", 0), lambda n, r, c: (c // panel, n, r, c % panel))
-    if rows < lanes:
+    if rows < lanes or columns < lanes:
         return
-    r, n, c = sch.get_loops(tile)[-3:]
+    if columns % lanes:  # the columns outermost, cut where their last whole tile ends
+        r, n, c = sch.get_loops(tile)[-3:]
+        sch.reorder(c, r, n)
+        tile = sch.get_child_blocks(_whole(sch, c, columns, lanes)[0])[0]
+        _point_regions(sch, tile)
+        c, r, n = sch.get_loops(tile)[-3:]
+    else:
+        r, n, c = sch.get_loops(tile)[-3:]
     r_o, r_i = sch.split(r, [None, lanes])
     c_o, c_i = sch.split(c, [None, lanes])
     sch.reorder(n, c_o, r_o, r_i, c_i)

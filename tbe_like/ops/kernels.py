@@ -1067,6 +1067,7 @@ def grad_input_col(conv: Conv3d, prec: Precision,
     dy = _placeholder(conv.y_shape, names[0], prec.dtype)
     # The user's filter seen as the (Cout, Cin*kd*kh*kw) matrix it is (``Graph.arg_shapes``).
     w = _placeholder((conv.cout, columns), names[1], prec.dtype)
+    panel = _filter_panel(w)
     convert = prec.convert()
     (sd, sh, sw), (dd, dh, dw) = conv.strides, conv.dilations
     front, top, left = conv.pads[0], conv.pads[2], conv.pads[4]
@@ -1076,7 +1077,7 @@ def grad_input_col(conv: Conv3d, prec: Precision,
     def col_body(m, f):
         n, od, oh, ow = _col_position(conv, m)
         left_ = convert(dy[n, rco, od, oh, ow]).astype(ACC_DTYPE)
-        right = convert(w[rco, f]).astype(ACC_DTYPE)
+        right = convert(panel[rco, f]).astype(ACC_DTYPE)
         return te.sum(left_ * right, axis=[rco])
 
     cols = te.compute((positions, columns), col_body, name=stages.DX_COL,
@@ -1107,6 +1108,14 @@ def grad_input_col(conv: Conv3d, prec: Precision,
                  flops=conv.flops(), arg_shapes=(None, conv.w_shape, None))
 
 
+def _filter_panel(w: te.Tensor) -> te.Tensor:
+    """The col input gradient's column operand: the user's filter ``w`` seen as (Cout, Cin *
+    taps), through a copy (``stages.DX_COL_PANEL``) that the rule either makes per column
+    tile of the GEMM, a contiguous panel, or inlines (``schedules.llvm`` ``schedule_gemm``)."""
+    return te.compute(w.shape, lambda co, f: w[co, f], name=stages.DX_COL_PANEL,
+                      tag=stages.tag(INPUT_COL_OP, "panel"))
+
+
 def _dx_col_cast(acc: te.Tensor, prec: Precision) -> te.Tensor:
     """The col input gradient's float32 result ``acc``, cast to the arrays' dtype by a stage
     of its own (``stages.DX_COL_CAST``) where that is not float32."""
@@ -1116,12 +1125,21 @@ def _dx_col_cast(acc: te.Tensor, prec: Precision) -> te.Tensor:
                       tag=stages.tag(INPUT_COL_OP, "cast"))
 
 
+# Positions an image from which dX transposed in tiles may leave columns past its last whole
+# tile (``schedules.llvm.transpose.tile_lanes`` with ``tail``): 2x7x7 = 98 of a late stage
+# are 12 tiles of 8 and 2 columns. Copied element by element, dX's 100K elements (1024 -> 256
+# on 2x7x7, AVX2 on Zen 5) took a third of the kernel's 0.41 ms.
+TRANSPOSED_TAIL_MIN_POSITIONS = 32
+
+
 def _transposes_dx(conv: Conv3d) -> bool:
     """Whether the col input gradient of ``conv`` is its GEMM's result transposed
     (:func:`_plain_pointwise`, not :func:`direct_dx`), of positions that tiles of 4 x 4 or
-    more divide (``schedules.llvm.transpose.tile_lanes``)."""
+    more divide (``schedules.llvm.transpose.tile_lanes``) or at least
+    ``TRANSPOSED_TAIL_MIN_POSITIONS`` of them."""
+    positions = math.prod(conv.in_spatial)
     return (_plain_pointwise(conv) and not direct_dx(conv)
-            and math.prod(conv.in_spatial) % 4 == 0)
+            and (positions % 4 == 0 or positions >= TRANSPOSED_TAIL_MIN_POSITIONS))
 
 
 def _grad_input_direct(conv: Conv3d, prec: Precision, names) -> Graph:
@@ -1160,12 +1178,13 @@ def _grad_input_transposed(conv: Conv3d, prec: Precision, names) -> Graph:
     per_image = math.prod(conv.in_spatial)
     dy = _placeholder((conv.batch, conv.cout, per_image), names[0], prec.dtype)
     w = _placeholder((conv.cout, conv.cin), names[1], prec.dtype)
+    panel = _filter_panel(w)
     convert = prec.convert()
     rco = te.reduce_axis((0, conv.cout), name="co")
     cols = te.compute(
         (conv.batch, per_image, conv.cin),
         lambda n, p, f: te.sum(convert(dy[n, rco, p]).astype(ACC_DTYPE)
-                               * convert(w[rco, f]).astype(ACC_DTYPE), axis=[rco]),
+                               * convert(panel[rco, f]).astype(ACC_DTYPE), axis=[rco]),
         name=stages.DX_COL, tag=stages.tag(INPUT_COL_OP, "gemm"))
     shape = (conv.batch, conv.cin, per_image)
     acc = te.compute(shape, lambda n, c, p: cols[n, p, c], name=stages.DX_COL_RES,
