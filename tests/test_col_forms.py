@@ -365,6 +365,10 @@ PANEL_CASES = {  # (conv, packs): col input gradients, each GEMM with or without
     "pointwise-2x7x7-2kb": (conv3d(1, 512, (2, 7, 7), 24, (1, 1, 1), pad=0), False),
     # one position an image: one tile of rows reads each panel
     "pointwise-one-position": (conv3d(2, 1024, (1, 1, 1), 40, (1, 1, 1), pad=0), False),
+    # a stride-2 pointwise layer of 16 positions and 256 output channels, in blocks of the
+    # reduction (made to apply by smaller blocks): a band's panel a block
+    "pointwise-stride2-blocks": (conv3d(1, 1024, (2, 8, 8), 256, (1, 1, 1), stride=2, pad=0),
+                                 True),
 }
 
 
@@ -375,12 +379,16 @@ def test_the_input_gradient_copies_its_filter_a_column_tile_at_a_time(monkeypatc
                                                                       registers):
     """Where W's rows lie 4 KB apart and two tiles of rows or more read a column tile of it
     (:func:`col_rule.packs`), the col input gradient's GEMM copies that tile's columns of W
-    into a contiguous panel under its parallel loop over the column tiles, then runs its
-    tiles of rows on the panel; else it reads W where it lies (the copy inlined). AVX2's
+    into a contiguous panel under its parallel loop over the column tiles (in blocks of the
+    reduction: a band's rows of the block), then runs its tiles of rows on the panel; else it
+    reads W where it lies (the copy inlined). AVX2's
     and AVX-512's register budgets, two threads, W a float past a cache line: against NumPy
     under the bounds proof."""
     monkeypatch.setattr(col_rule, "tile_registers", lambda target, lanes_: registers)
     monkeypatch.setattr(col_rule, "num_threads", lambda target: 2)
+    monkeypatch.setattr(col_rule, "REDUCTION_BLOCK", 64)
+    monkeypatch.setattr(col_rule, "REDUCTION_BLOCKED_MIN", 256)
+    monkeypatch.setattr(col_rule, "BAND_TILES", 2)
     conv, packs = PANEL_CASES[name]
     dtype = "bfloat16" if name.endswith("bfloat16") else "float32"
     graph = kernels.grad_input_col(conv, kernels.Precision.on(TARGET, dtype, dtype))
@@ -392,11 +400,16 @@ def test_the_input_gradient_copies_its_filter_a_column_tile_at_a_time(monkeypatc
     sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})),
                            graph, TARGET, Heuristic(lanes))
     assert (stages.DX_COL_PANEL in block_names_of(sch)) == packs
-    if packs:
+    if packs:  # under the parallel column tiles (or bands), then each block of the reduction
+        steps, band = col_rule.reduction_block(rows, rows_t, vectors // per_tile, conv.cout,
+                                               TARGET)
+        assert bool(steps) == (name == "pointwise-stride2-blocks")
         loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock(stages.DX_COL_PANEL))]
-        assert loops[-3].kind == tirx.ForKind.PARALLEL
-        assert int(loops[-3].extent) == vectors // per_tile
-        assert [int(loop.extent) for loop in loops[-2:]] == [conv.cout, per_tile * lanes]
+        outer = loops[-4 if steps else -3]
+        assert outer.kind == tirx.ForKind.PARALLEL
+        assert int(outer.extent) == vectors // per_tile // max(band, 1)
+        assert [int(loop.extent) for loop in loops[-2:]] == (
+            [steps, band * per_tile * lanes] if steps else [conv.cout, per_tile * lanes])
         assert loops[-1].kind == tirx.ForKind.VECTORIZED
     _, w, dy, dx_want, _ = _case(conv, dtype, 17)
     got = run_form(graph, lanes, (dy, misaligned(w)))
