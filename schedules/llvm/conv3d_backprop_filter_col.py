@@ -153,11 +153,9 @@ def schedule_gemm(sch, block, rows, columns, reduction, n_rows: int, n_columns: 
     lies), which the GEMM then reads: made a column tile at a time, a contiguous panel
     (:func:`packs`), or inlined."""
     tail = n_columns % lanes
-    packed = False
-    if tail == 0:
-        packed = _schedule_tiles(sch, block, rows, columns, reduction, n_rows,
-                                 n_columns // lanes, lanes, target, columns_first,
-                                 reduction_blocks, panel)
+    packed = tail == 0 and _schedule_tiles(sch, block, rows, columns, reduction, n_rows,
+                                           n_columns // lanes, lanes, target, columns_first,
+                                           reduction_blocks, panel)
     if panel and not packed:
         sch.compute_inline(sch.get_sblock(panel))
     if tail == 0:
@@ -283,14 +281,15 @@ def _schedule_whole_tiles(sch, block, rows, columns, reduction, n_rows: int, vec
     the reduction's extent). Whether the ``panel`` block is made a column tile at a time
     (:func:`packs`)."""
     rows_t, per_tile, tail = gemm_tile(n_rows, vectors, lanes, target, depth)
+    pack = bool(panel) and packs(n_rows, rows_t, vectors // per_tile,
+                                 _row_bytes(sch, panel), target)
     if reduction_blocks:
         steps, band = reduction_block(n_rows, rows_t, vectors // per_tile, depth, target)
         if steps:
-            return _schedule_blocks(sch, block, rows, columns, reduction, n_rows, rows_t,
-                                    per_tile, tail, steps, band, lanes, target, panel)
+            _schedule_blocks(sch, block, rows, columns, reduction, n_rows, rows_t, per_tile,
+                             tail, steps, band, lanes, target, panel if pack else None)
+            return pack
     columns_o, columns_v, lane = sch.split(columns, [None, per_tile, lanes])
-    pack = bool(panel) and packs(n_rows, rows_t, vectors // per_tile,
-                                 _row_bytes(sch, panel), target)
     if not tail and not pack:
         rows_o, rows_i = sch.split(rows, [None, rows_t])
         outer = [columns_o, rows_o] if columns_first else [rows_o, columns_o]
@@ -306,9 +305,7 @@ def _schedule_whole_tiles(sch, block, rows, columns, reduction, n_rows: int, vec
         sch.reorder(columns_o, rows, reduction, columns_v, lane)
     parallel(sch, [columns_o], target)
     if pack:  # the tile's panel, rows of its columns one after the other
-        copy = sch.get_sblock(panel)
-        sch.compute_at(copy, columns_o)
-        sch.vectorize(sch.get_loops(copy)[-1])
+        _panel_at(sch, panel, columns_o)
     if not tail:
         _finish_tile(sch, block, [], reduction, [rows_i, columns_v], lane, target)
         return pack
@@ -339,6 +336,14 @@ def packs(n_rows: int, rows_t: int, column_tiles: int, row_bytes: int, target) -
             and column_tiles >= TAIL_COLUMN_TILES * num_threads(target))
 
 
+def _panel_at(sch, panel: str, loop) -> None:
+    """Make the copy ``panel`` under ``loop`` (what the loop's body reads of it), its rows
+    vectorized."""
+    copy = sch.get_sblock(panel)
+    sch.compute_at(copy, loop)
+    sch.vectorize(sch.get_loops(copy)[-1])
+
+
 def _row_bytes(sch, name: str) -> int:
     """Bytes between the rows of the 2-D buffer that block ``name`` writes."""
     buffer = sch.get(sch.get_sblock(name)).writes[0].source
@@ -364,7 +369,7 @@ def _row_tiles(sch, rows, n_rows: int, rows_t: int):
 
 def _schedule_blocks(sch, block, rows, columns, reduction, n_rows: int, rows_t: int,
                      per_tile: int, tail: bool, steps: int, band: int, lanes: int,
-                     target, panel: str | None = None) -> bool:
+                     target, panel: str | None = None) -> None:
     """:func:`_schedule_whole_tiles` in blocks of the reduction (:func:`reduction_block`):
 
         parallel over bands of ``band`` column tiles
@@ -373,10 +378,11 @@ def _schedule_blocks(sch, block, rows, columns, reduction, n_rows: int, rows_t: 
             for each column tile of the band, for each tile of rows (the last narrower
             where ``tail``): the block's steps, the register tile
 
-    Whether the ``panel`` block is made there. (A 1024 -> 2048 stride-2 pointwise input
-    gradient on 2x7x7, 16 positions, AVX2 on Zen 5, W on a line / 16 bytes past one: 0.96 /
-    1.11 -> 0.71 / 0.72 ms; a panel a column tile of the band: 0.81 / 0.99. Rows 3 KB apart,
-    768 -> 1024 on 2x10x10: 0.21 -> 0.25 / 0.28, so at other strides no panel.)"""
+    ``panel``: the copy of the column operand made there, a band's rows of each block, where
+    :func:`packs` (None: none). (A 1024 -> 2048 stride-2 pointwise input gradient on 2x7x7,
+    16 positions, AVX2 on Zen 5, W on a line / 16 bytes past one: 0.96 / 1.11 -> 0.71 / 0.72
+    ms; a panel a column tile of the band: 0.81 / 0.99. Rows 3 KB apart, 768 -> 1024 on
+    2x10x10: 0.21 -> 0.25 / 0.28, so at other strides no panel.)"""
     columns_o, columns_b, columns_v, lane = sch.split(columns, [None, band, per_tile, lanes])
     blocks, step = sch.split(reduction, [None, steps])
     if not tail:
@@ -385,23 +391,18 @@ def _schedule_blocks(sch, block, rows, columns, reduction, n_rows: int, rows_t: 
     else:
         sch.reorder(columns_o, blocks, columns_b, rows, step, columns_v, lane)
     parallel(sch, [columns_o], target)
-    tiles = int(sch.get(columns_o).extent) * band
-    pack = bool(panel) and packs(n_rows, rows_t, tiles, _row_bytes(sch, panel), target)
-    if pack:  # the band's panel of the block, for each column tile and tile of rows
-        copy = sch.get_sblock(panel)
-        sch.compute_at(copy, blocks)
-        sch.vectorize(sch.get_loops(copy)[-1])
+    if panel:  # the band's panel of the block, for each column tile and tile of rows
+        _panel_at(sch, panel, blocks)
     sch.vectorize(lane)
     init = sch.decompose_reduction(block, blocks)
     sch.vectorize(sch.get_loops(init)[-1])
     if not tail:
         sch.unroll(rows_i)
         sch.unroll(columns_v)
-        return pack
+        return
     for _, part_rows, _, part_v, _ in _row_tiles(sch, rows, n_rows, rows_t):
         sch.unroll(part_rows)
         sch.unroll(part_v)
-    return pack
 
 
 def _finish_tile(sch, block, outer, reduction, unrolled, lane, target) -> None:
