@@ -29,6 +29,7 @@ from ..common import (
     knob_lanes,
     parallel,
     schedule_winograd_transform,
+    tile_registers,
 )
 from ..registry import register
 
@@ -51,12 +52,35 @@ def positions(width: int, c0: int, lanes: int, accumulators: int | None = None,
     return max((d for d in divisors(width) if d * vectors <= budget), default=1)
 
 
+# The most input-channel blocks a GEMM tile (:func:`gemm_tile`) holds.
+GEMM_BLOCKS = 4
+
+
+def gemm_tile(width: int, blocks: int, c0: int, lanes: int, target) -> tuple[int, int]:
+    """(positions of a row, input-channel blocks) of a register tile blocked like a GEMM
+    micro-kernel's (``Heuristic(gemm=True)``): per output channel it broadcasts one value of
+    each position and loads each block's filter vectors, the fewest loads per multiply-add
+    whose accumulators, filter vectors and a broadcast fit the target's registers (counted in
+    ``lanes``-lane vectors, :func:`tile_registers`); ties: more accumulators, then more
+    positions. Positions divide the row and blocks divide ``blocks``: no predicated tail. The
+    one-block tile broadcasts a value per multiply-add (a 7-column row of a late stage: 7
+    broadcasts and a filter load per 7 multiply-adds, bound by its loads)."""
+    registers = tile_registers(target, lanes)
+    vectors = max(1, c0 // lanes)
+    options = [((cbt * vectors + cols) / (cols * cbt * vectors), -cols * cbt, -cols, cols, cbt)
+               for cols in divisors(width) for cbt in divisors(blocks)
+               if cbt <= GEMM_BLOCKS and cols * cbt * vectors + cbt * vectors + 1 <= registers]
+    return min(options)[-2:] if options else (1, 1)
+
+
 def candidates(target) -> list[Heuristic]:
-    """What measured selection times: either width's tile, and AVX-512's with at most 8
+    """What measured selection times: either width's tile, AVX-512's with at most 8
     accumulators (7 positions of a 28-column row ran as fast as 14 on one layer, 1.6x faster
-    on R(2+1)D-like 144 -> 64 on 8x28x28, Zen 4)."""
+    on R(2+1)D-like 144 -> 64 on 8x28x28, Zen 4), and either width's GEMM tile
+    (:func:`gemm_tile`)."""
     del target
-    return [*(Heuristic(lanes) for lanes in HEURISTIC_LANES), Heuristic(16, accumulators=8)]
+    return [*(Heuristic(lanes) for lanes in HEURISTIC_LANES), Heuristic(16, accumulators=8),
+            *(Heuristic(lanes, gemm=True) for lanes in HEURISTIC_LANES)]
 
 
 @register(INPUT_WINO_D_OP, "llvm", candidates=candidates)
@@ -90,9 +114,16 @@ def schedule(sch, p: WinogradDInputParams, target, knobs: Heuristic | None = Non
     mad = sch.get_sblock(stages.DX_WINO_D_MAD)
     sch.compute_at(mad, row, preserve_unit_loops=True)
     cb, _, e, x, ci0, co = sch.get_loops(mad)[-6:]  # (.., cb, h, e, x, ci0, co)
-    x_o, x_i = sch.split(x, [None, positions(p.in_spatial[2], c0, lanes, accumulators,
-                                             vector_lanes(target))])
-    sch.reorder(cb, e, x_o, co, x_i, ci0)
+    if isinstance(knobs, Heuristic) and knobs.gemm:
+        cols, cbt = gemm_tile(p.in_spatial[2], p.blocks, c0, lanes, target)
+        cb, cb_i = sch.split(cb, [None, cbt])
+        x_o, x_i = sch.split(x, [None, cols])
+        sch.reorder(cb, e, x_o, co, cb_i, x_i, ci0)
+        sch.unroll(cb_i)
+    else:
+        x_o, x_i = sch.split(x, [None, positions(p.in_spatial[2], c0, lanes, accumulators,
+                                                 vector_lanes(target))])
+        sch.reorder(cb, e, x_o, co, x_i, ci0)
     sch.unroll(x_i)
     sch.vectorize(ci0)
     init = sch.decompose_reduction(mad, co)
