@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from conftest import NP_DTYPES, RTOL, conv3d, run_graph, stage_names, tiered
 from tbe_like.schedules import candidates
-from tbe_like.schedules.common import SAMPLE
+from tbe_like.schedules.common import SAMPLE, Heuristic
 from tbe_like.schedules.llvm import conv3d_backprop_filter as dw_rule
 
 from tbe_like import stages
-from tbe_like._tvm import IRModule, Target, s_tir
+from tbe_like._tvm import IRModule, Target, s_tir, tirx
 from tbe_like.ops import kernels
 from tbe_like.target import host_target
 from tbe_like.testing import reference as ref
@@ -239,6 +239,55 @@ def test_the_input_tile_fits_the_target_registers():
     want = _input_expected(conv, arrays)
     for knobs in candidates(graph.op, avx2):
         _check(run_graph(graph, knobs, arrays, target=avx2), want)
+
+
+WHOLE_CASES = {
+    # 4 blocks of dX channels on a 6x10 map, one tile of 4 rows; 2 blocks on 4x7, two images
+    # of two tiles (F(4,3)) or three (F(2,3)). Over 2 MFLOP: kernels of two threads.
+    "blocks-4": conv3d(1, 64, (4, 6, 10), 48, (3, 1, 1), pad=(1, 0, 0)),
+    "tiles-2": conv3d(2, 32, (5, 4, 7), 64, (3, 1, 1), pad=(1, 0, 0)),
+}
+
+
+@pytest.mark.parametrize("name", WHOLE_CASES)
+def test_the_whole_map_tasks_match_reference(name, monkeypatch):
+    """``Heuristic(gemm=True, whole=True)``: tasks of channel blocks over a tile's whole map,
+    the filter transformed per register tile's blocks inside them. Made to apply to small
+    layers (any filter size, a task a thread), on 2-core targets of both widths (the host's
+    own ISA and AVX2's registers), both F(m,3): every candidate matches NumPy under the bounds
+    proof, and the whole-map ones compute M and the transformed filter inside their tasks."""
+    from tbe_like.schedules.llvm import conv3d_backprop_input_winograd_d as rule
+
+    monkeypatch.setattr(rule, "WHOLE_MIN_FILTER_BYTES", 0)
+    monkeypatch.setattr(rule, "WHOLE_TASKS", 1)
+    conv = WHOLE_CASES[name]
+    host = Target({"kind": "llvm", "mcpu": str(TARGET.attrs["mcpu"]), "num-cores": 2})
+    avx2 = Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})
+    for m in (2, 4):
+        graph = _input_graph(conv, m)
+        p = graph.params
+        tiles = conv.batch * -(-conv.in_spatial[0] // m)
+        # The most blocks a task that still leaves a task a thread.
+        assert rule.whole_blocks(p, host) == max(
+            g for g in range(1, p.blocks + 1) if p.blocks % g == 0 and tiles * p.blocks // g >= 2)
+        arrays = _inputs(graph)
+        want = _input_expected(conv, arrays)
+        for target in (host, avx2):
+            for knobs in candidates(graph.op, target):
+                _check(run_graph(graph, knobs, arrays, target=target), want)
+            for lanes in (8, 16):
+                sch = s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)}))
+                sch = kernels.schedule(sch, graph, target, Heuristic(lanes, gemm=True, whole=True))
+                task = sch.get_loops(sch.get_sblock(stages.DX_WINO_D_MAD + "_update"))[0]
+                assert sch.get(task).kind == tirx.ForKind.PARALLEL
+                assert int(sch.get(task).extent) == tiles * p.blocks // rule.whole_blocks(p, target)
+                # The transformed filter: under the task, one register tile's blocks at a time.
+                _, _, blocks = rule.gemm_tile(conv.in_spatial[2], rule.whole_blocks(p, target),
+                                              16, lanes, target, height=conv.in_spatial[1])
+                u = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock(
+                    stages.DX_WINO_D_FILTER))]
+                assert u[0].same_as(sch.get(task)) and u[-1].kind == tirx.ForKind.VECTORIZED
+                assert int(u[-1].extent) == 16 * blocks
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
