@@ -288,6 +288,12 @@ def test_the_whole_map_tasks_match_reference(name, monkeypatch):
                     stages.DX_WINO_D_FILTER))]
                 assert u[0].same_as(sch.get(task)) and u[-1].kind == tirx.ForKind.VECTORIZED
                 assert int(u[-1].extent) == 16 * blocks
+    # 16-bit operands (converted where the transforms read them), the host's width.
+    for dtype in ("float16", "bfloat16"):
+        graph = _input_graph(conv, True, kernels.Precision(dtype, dtype))
+        arrays = _inputs(graph)
+        got = run_graph(graph, Heuristic(16, gemm=True, whole=True), arrays, target=host)
+        _check(got, _input_expected(conv, arrays), dtype)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
