@@ -41,6 +41,10 @@ MEASURE_ENV = "TBE_LIKE_MEASURE"
 # MEASURE_ROUNDS rounds of the race within what is left.
 MEASURE_SECONDS = 1.0
 MEASURE_ROUNDS = 5
+# ... or, where its rounds are short, as many as take MEASURE_RACE_SECONDS, up to
+# MEASURE_MOST_ROUNDS (:func:`race_rounds`).
+MEASURE_RACE_SECONDS = 0.1
+MEASURE_MOST_ROUNDS = 50
 # A candidate slower than this times the fastest over its first timed calls takes no part in
 # the race (that time is reported).
 MEASURE_CUTOFF = 1.25
@@ -413,6 +417,22 @@ def _first_times(runners: list[Callable[[], float]]) -> list[float]:
                  seconds=MEASURE_FIRST_SHARE * MEASURE_SECONDS)
 
 
+def race_rounds(round_seconds: float) -> int:
+    """Rounds of measured selection's race whose rounds take ``round_seconds`` each:
+    :data:`MEASURE_ROUNDS`, or as many as take :data:`MEASURE_RACE_SECONDS` where that is
+    more (at most :data:`MEASURE_MOST_ROUNDS`).
+
+    A kernel's time on a shared 2-vCPU host comes in phases of tens of milliseconds or more
+    (CSN's 256 -> 64 pointwise weight gradient, col form: 0.16 and 0.185 ms in turns, blocks
+    of 50 calls; in one benchmark build 0.258 ms over its whole race, where split K's 0.20
+    then won and the row came out at 0.98 of PyTorch instead of 1.4). Five rounds of
+    five 0.2 ms candidates last about 10 ms, within one phase; the fastest call of each
+    over a tenth of a second has seen several."""
+    if round_seconds <= 0:
+        return MEASURE_MOST_ROUNDS
+    return max(MEASURE_ROUNDS, min(MEASURE_MOST_ROUNDS, int(MEASURE_RACE_SECONDS / round_seconds)))
+
+
 def _race(runners: list[Callable[[], float]], rounds: int = 5, calls: int = 2,
           seconds: float = math.inf) -> list[float]:
     """The fastest call of each runner over ``rounds`` interleaved rounds of ``calls`` calls
@@ -727,9 +747,10 @@ def measured_schedule(func, schedule_with: Callable[[Any, Any], Any], candidates
     # left of the budget.
     close = [i for i, t in enumerate(times) if t <= MEASURE_CUTOFF * min(times)]
     left = MEASURE_SECONDS - (time.perf_counter() - first)
-    rounds = int(left / (2 * sum(times[i] for i in close)))
+    round_seconds = 2 * sum(times[i] for i in close)
+    rounds = int(left / round_seconds)
     if rounds >= 1 and len(close) > 1:
-        raced = _race([runners[i] for i in close], min(rounds, MEASURE_ROUNDS))
+        raced = _race([runners[i] for i in close], min(rounds, race_rounds(round_seconds)))
         for i, t in zip(close, raced, strict=True):
             times[i] = min(times[i], t)
     best = min(range(len(options)), key=times.__getitem__)

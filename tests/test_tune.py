@@ -536,3 +536,16 @@ def test_records_that_tensorize_are_read_by_a_fresh_process(tmp_path):
          str(records)], capture_output=True, text=True, timeout=300)
     assert read.returncode == 0 and read.stdout.split()[-2:] == ["1", "True"], \
         read.stderr[-2000:]
+
+
+def test_short_races_last_a_tenth_of_a_second():
+    """Measured selection races cheap candidates for about ``MEASURE_RACE_SECONDS`` (their
+    times come in phases of tens of milliseconds), never fewer than ``MEASURE_ROUNDS``
+    rounds nor more than ``MEASURE_MOST_ROUNDS``."""
+    from tbe_like import tune
+
+    assert tune.MEASURE_RACE_SECONDS == 0.1
+    assert tune.race_rounds(0.01) == 10  # 10 ms rounds: 0.1 s
+    assert tune.race_rounds(0.001) == tune.MEASURE_MOST_ROUNDS == 50
+    assert tune.race_rounds(0.05) == tune.race_rounds(2.0) == tune.MEASURE_ROUNDS == 5
+    assert tune.race_rounds(0.0) == 50
