@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tbe_like.lowering import LIVE_ROWS, PARTITION, SOURCE_ROWS, iterations, rows_of
@@ -79,6 +80,23 @@ def tile_registers(target, lanes: int) -> int:
 def divisors(n: int) -> list[int]:
     """The divisors of ``n`` in increasing order."""
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def fewest_loads_tile(height: int, width: int, blocks: int, vectors: int, most_blocks: int,
+                      fits: Callable[[int, int], bool]) -> tuple[int, int, int]:
+    """(rows, columns, channel blocks) of a register tile blocked like a GEMM micro-kernel's:
+    rows x columns positions (divisors of ``height`` and ``width``: no predicated tail) times
+    channel blocks of ``vectors`` vectors each (a divisor of ``blocks``, at most
+    ``most_blocks``). Per step of its reduction the tile broadcasts one value a position and
+    loads each block's vectors: the one with the fewest loads per multiply-add among those
+    that ``fits(accumulators, blocks)`` admits; ties: more accumulators, then more columns.
+    (1, 1, 1) where none does."""
+    options = [((cbt * vectors + rows * cols) / (rows * cols * cbt * vectors),
+                -rows * cols * cbt, -cols, rows, cols, cbt)
+               for rows in divisors(height) for cols in divisors(width)
+               for cbt in divisors(blocks)
+               if cbt <= most_blocks and fits(rows * cols * cbt * vectors, cbt)]
+    return min(options)[-3:] if options else (1, 1, 1)
 
 
 # The widest vector a loop is vectorized into: a 1D layer's 1000-column output row as one

@@ -225,14 +225,14 @@ def test_the_input_tile_fits_the_target_registers():
             positions(28, 16, 8, None, 8)] == [4, 4, 4]
     avx2 = Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})
     avx512 = Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
-    # The GEMM tile (positions, blocks): the fewest loads per multiply-add whose accumulators,
+    # The GEMM tile (rows, positions, blocks): the fewest loads per multiply-add whose accumulators,
     # filter vectors and broadcast fit the registers. A 14-column row of 18 blocks: 7 x 3 (21
     # zmm accumulators, 10 loads) with AVX-512; 2 x 2 with AVX2 for either width (8 ymm
     # accumulators; a 16-lane vector is two ymm); a 7-column row of 5 blocks: 7 x 1 with
     # AVX-512 (7 x 5 does not fit, and the blocks divide their extent).
-    assert gemm_tile(14, 18, 16, 16, avx512) == (7, 3)
-    assert [gemm_tile(14, 18, 16, lanes, avx2) for lanes in (8, 16)] == [(2, 2), (2, 2)]
-    assert gemm_tile(7, 5, 16, 16, avx512) == (7, 1)
+    assert gemm_tile(14, 18, 16, 16, avx512) == (1, 7, 3)
+    assert [gemm_tile(14, 18, 16, lanes, avx2) for lanes in (8, 16)] == [(1, 2, 2), (1, 2, 2)]
+    assert gemm_tile(7, 5, 16, 16, avx512) == (1, 7, 1)
     conv = INPUT_CASES["odd-5-padded-blocks"]
     graph = _input_graph(conv)
     arrays = _inputs(graph)

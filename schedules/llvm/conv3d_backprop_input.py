@@ -52,6 +52,7 @@ from ..common import (
     Heuristic,
     block_names,
     divisors,
+    fewest_loads_tile,
     flatten_init,
     fuse_parallel_vectorize,
     num_threads,
@@ -156,15 +157,8 @@ def gemm_knobs(p: BackpropInputParams, lanes: int, width: int, channels: int, he
     output channels shrinks so that the filter values a tile streams stay in L1."""
     vectors = max(1, p.geometry.c0 // lanes)
     budget = accumulators or ACC_REGS.get(lanes, 8)
-    options = []
-    for rows in divisors(height):
-        for cols in divisors(width):
-            for cbt in (c for c in divisors(blocks) if c <= GEMM_BLOCKS):
-                acc = rows * cols * cbt * vectors
-                if acc <= budget:
-                    loads = cbt * vectors + rows * cols
-                    options.append((loads / acc, -acc, -cols, rows, cols, cbt))
-    _, _, _, rows, cols, cbt = min(options)
+    rows, cols, cbt = fewest_loads_tile(height, width, blocks, vectors, GEMM_BLOCKS,
+                                        lambda acc, _: acc <= budget)
     taps = math.prod(p.geometry.kernel[1:])
     chunk = _fit(channels, max(1, min(CO_CHUNK, GEMM_CHUNK_VALUES // (taps * cbt * p.geometry.c0))))
     return Knobs(cols, chunk, h_tile=rows, cb_tile=cbt)

@@ -26,6 +26,7 @@ from ..common import (
     HEURISTIC_LANES,
     Heuristic,
     divisors,
+    fewest_loads_tile,
     knob_lanes,
     num_threads,
     parallel,
@@ -63,26 +64,22 @@ GEMM_ACCUMULATORS = 3 / 4
 
 
 def gemm_tile(width: int, blocks: int, c0: int, lanes: int, target, height: int = 1
-              ) -> tuple[int, int] | tuple[int, int, int]:
-    """(positions of a row, input-channel blocks) of a register tile blocked like a GEMM
-    micro-kernel's (``Heuristic(gemm=True)``): per output channel it broadcasts one value of
-    each position and loads each block's filter vectors, the fewest loads per multiply-add
-    whose accumulators, filter vectors and a broadcast fit the target's registers (counted in
-    ``lanes``-lane vectors, :func:`tile_registers`); ties: more accumulators, then more
-    positions. Positions divide the row and blocks divide ``blocks``: no predicated tail. The
-    one-block tile broadcasts a value per multiply-add (a 7-column row of a late stage: 7
-    broadcasts and a filter load per 7 multiply-adds, bound by its loads). ``height`` > 1:
-    the tile may span rows too (a divisor of ``height``), and the result is (rows, positions
-    of a row, blocks)."""
+              ) -> tuple[int, int, int]:
+    """(rows, positions of a row, input-channel blocks) of a register tile blocked like a GEMM
+    micro-kernel's (``Heuristic(gemm=True)``, :func:`fewest_loads_tile`): per output channel it
+    broadcasts one value of each position and loads each block's filter vectors, the fewest
+    loads per multiply-add whose accumulators, filter vectors and a broadcast fit the target's
+    registers (counted in ``lanes``-lane vectors, :func:`tile_registers`), the accumulators
+    at most ``GEMM_ACCUMULATORS`` of them. The one-block tile broadcasts a value per
+    multiply-add (a 7-column row of a late stage: 7 broadcasts and a filter load per 7
+    multiply-adds, bound by its loads). Its rows divide ``height``: 1 for a tile of one row
+    (the per-row tasks), up to the map's height over whole maps."""
     registers = tile_registers(target, lanes)
     vectors = max(1, c0 // lanes)
-    options = [((cbt * vectors + r * cols) / (r * cols * cbt * vectors), -r * cols * cbt,
-                -cols, r, cols, cbt)
-               for r in divisors(height) for cols in divisors(width) for cbt in divisors(blocks)
-               if cbt <= GEMM_BLOCKS and r * cols * cbt * vectors + cbt * vectors + 1 <= registers
-               and r * cols * cbt * vectors <= GEMM_ACCUMULATORS * registers]
-    tile = min(options)[-3:] if options else (1, 1, 1)
-    return tile if height > 1 else tile[1:]
+    return fewest_loads_tile(
+        height, width, blocks, vectors, GEMM_BLOCKS,
+        lambda acc, cbt: acc + cbt * vectors + 1 <= registers
+        and acc <= GEMM_ACCUMULATORS * registers)
 
 
 # A ``whole`` task (:func:`whole_blocks`) is made where the transformed filter, which every
@@ -172,7 +169,7 @@ def _rows(sch, p: WinogradDInputParams, lanes: int, accumulators, knobs, target)
     sch.compute_at(mad, row, preserve_unit_loops=True)
     cb, _, e, x, ci0, co = sch.get_loops(mad)[-6:]  # (.., cb, h, e, x, ci0, co)
     if isinstance(knobs, Heuristic) and knobs.gemm:
-        cols, cbt = gemm_tile(p.in_spatial[2], p.blocks, c0, lanes, target)
+        _, cols, cbt = gemm_tile(p.in_spatial[2], p.blocks, c0, lanes, target)
         cb, cb_i = sch.split(cb, [None, cbt])
         x_o, x_i = sch.split(x, [None, cols])
         sch.reorder(cb, e, x_o, co, cb_i, x_i, ci0)
