@@ -586,6 +586,44 @@ def test_the_operator_races_them_and_computes_the_same(mask, measuring):
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
 
 
+ROW_CASES = {  # (conv, dtype, rows offset): im2col matrices whose rows are 4 KB or not
+    # a strided pointwise layer of 1024 channels: rows of 4 KB
+    "pointwise-1024": (conv3d(1, 1024, (1, 4, 6), 24, (1, 1, 1), stride=(1, 2, 2), pad=0),
+                       "float32", True),
+    # 128 channels x (2, 2, 2) taps: rows of 1024 x 4 bytes, 2 positions
+    "k222-128": (conv3d(1, 128, (2, 2, 4), 16, (2, 2, 2), stride=2, pad=0), "float32", True),
+    # float16, 2048 channels: 4 KB rows too
+    "pointwise-2048-float16": (conv3d(1, 2048, (1, 2, 2), 8, (1, 1, 1), stride=2, pad=0),
+                               "float16", True),
+    # 512 channels: rows of 2 KB, left as they are
+    "pointwise-512": (conv3d(1, 512, (1, 4, 4), 16, (1, 1, 1), stride=(1, 2, 2), pad=0),
+                      "float32", False),
+}
+
+
+@pytest.mark.parametrize("lanes", HEURISTIC_LANES)
+@pytest.mark.parametrize("name", list(ROW_CASES))
+def test_rows_of_4_kb_start_a_cache_line_apart(name, lanes):
+    """An im2col matrix whose rows are a multiple of 4 KB (``offset_rows``) is laid out with
+    each row a cache line past such a multiple (``storage_align``), other rows as they are;
+    the weight gradient matches NumPy under the bounds proof either way, both widths."""
+    conv, dtype, offset = ROW_CASES[name]
+    x, _, dy, _, dw_want = _case(conv, dtype, 21)
+    graph = kernels.grad_weight_col(conv, kernels.Precision.on(TARGET, dtype, dtype))
+    sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})), graph,
+                           TARGET, Heuristic(lanes))
+    col = sch.get(sch.get_sblock(stages.DW_COL_X))
+    align = col.annotations.get("buffer_dim_align")
+    itemsize = tvm.runtime.DataType(col.writes[0].source.dtype).bits // 8  # float16: widened
+    if offset:
+        assert [list(map(int, a)) for a in align] == [
+            [0, 0, col_rule.PANEL_ROW_BYTES // itemsize, col_rule.LINE_BYTES // itemsize]]
+    else:
+        assert align is None
+    got = run_form(graph, lanes, (x, dy))
+    np.testing.assert_allclose(got, dw_want, rtol=0, atol=RTOL[dtype] * np.abs(dw_want).max())
+
+
 def test_a_strided_pointwise_layer_races_both_col_forms(measuring):
     """A stride-(1, 2, 2) pointwise layer of 2 x 2 x 16 x 17 positions (past both col forms'
     old limits, 256 and 1024) through ``convolution_backward`` from an empty cache: both
