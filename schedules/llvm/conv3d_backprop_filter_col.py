@@ -357,10 +357,9 @@ def offset_rows(sch, block) -> None:
     evict one another. A stride-(1, 2, 2) pointwise weight gradient 1024 -> 2048 on 4x8x8,
     64 positions (Zen 5 built for znver3, kernels alone): 1.59 -> 1.15 ms; rows of 2 KB
     (512 -> 1024 on 4x14x14) and 18 KB ((1, 3, 3) 512 -> 512) timed the same either way."""
-    name = sch.get(block).name_hint
-    if _row_bytes(sch, name) % PANEL_ROW_BYTES:
+    if _row_bytes(sch, sch.get(block).name_hint) % PANEL_ROW_BYTES:
         return
-    itemsize = _row_bytes(sch, name) // int(sch.get(block).writes[0].source.shape[-1])
+    itemsize = tvm.runtime.DataType(sch.get(block).writes[0].source.dtype).bits // 8
     sch.storage_align(block, 0, 0, PANEL_ROW_BYTES // itemsize, LINE_BYTES // itemsize)
 
 
