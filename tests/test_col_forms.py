@@ -505,7 +505,7 @@ def test_only_layers_of_few_positions_have_the_forms():
         forms = _other_forms(graph_of(kind, late, prec, target=TARGET), kind, late, prec,
                              False, TARGET)
         assert "col" in forms, kind
-    for conv in (conv3d(1, 64, (4, 8, 9), 64, (3, 3, 3)),  # 288
+    for conv in (conv3d(1, 64, (4, 8, 17), 64, (3, 3, 3)),  # 544
                  conv3d(1, 3, (2, 4, 4), 8, (1, 1, 1), pad=0),  # 3 columns: not a vector
                  kernels.Conv3d(1, 32, 32, (2, 4, 4), (2, 4, 4), (3, 3, 3), (1, 1, 1),
                                 (1,) * 6, (1, 1, 1), 2)):  # groups
@@ -518,7 +518,7 @@ def test_a_pointwise_weight_gradient_has_the_form_at_any_number_of_positions():
     (its dX is one stride phase of the GEMM's result), and a stride-1 one's (its dX the
     GEMM's result transposed in tiles, then the positions past the last whole tile)."""
     prec = kernels.Precision("float32", "float32")
-    shortcut = conv3d(1, 32, (8, 14, 14), 48, (1, 1, 1), stride=(1, 2, 2), pad=0)  # 392
+    shortcut = conv3d(1, 32, (8, 22, 22), 48, (1, 1, 1), stride=(1, 2, 2), pad=0)  # 968
     plain = conv3d(1, 32, (8, 14, 14), 48, (1, 1, 1), pad=0)  # 1568 positions, stride 1
     odd = conv3d(1, 32, (3, 9, 11), 48, (1, 1, 1), pad=0)  # 297 positions, stride 1
     for conv, kind, has in ((shortcut, "grad_weight", True), (shortcut, "grad_input", True),
@@ -542,7 +542,7 @@ def test_a_pointwise_weight_gradient_has_the_form_at_any_number_of_positions():
                  conv3d(2, 128, (16, 64, 64), 8, (1, 1, 1), pad=0),  # 64 MiB exactly
                  conv3d(1, 24, (4, 8, 9), 48, (1, 1, 1), pad=0)):  # a vector and a tail of 8
         assert kernels.weight_col_applies(conv)
-    for conv in (conv3d(1, 32, (4, 8, 9), 48, (3, 3, 3)),  # 288 positions, 3x3x3
+    for conv in (conv3d(1, 32, (4, 8, 17), 48, (3, 3, 3)),  # 544 positions, 3x3x3
                  conv3d(1, 32, (4, 8, 9), 48, (1, 1, 1), pad=0, groups=2),  # groups
                  conv3d(1, 8192, (1, 32, 80), 16, (1, 1, 1), pad=0),  # an 80 MiB matrix
                  conv3d(2, 128, (16, 64, 65), 8, (1, 1, 1), pad=0)):  # just over 64 MiB
@@ -551,7 +551,7 @@ def test_a_pointwise_weight_gradient_has_the_form_at_any_number_of_positions():
 
 @pytest.mark.parametrize("lanes", HEURISTIC_LANES)
 def test_the_pointwise_weight_gradient_form_matches_reference(lanes):
-    conv = conv3d(2, 32, (4, 14, 13), 24, (1, 1, 1), stride=(1, 2, 2), pad=0)  # 2x4x7x7
+    conv = conv3d(2, 32, (4, 18, 17), 24, (1, 1, 1), stride=(1, 2, 2), pad=0)  # 2x4x9x9
     assert kernels.weight_col_applies(conv) and not kernels.col_applies(conv)
     rng = np.random.default_rng(13)
     x = rng.standard_normal(conv.x_shape).astype(np.float32)

@@ -356,8 +356,8 @@ def test_measured_selection_races_the_direct_form_too(measuring, monkeypatch, ki
     from tbe_like.ops.convolution_backward import _other_forms
 
     target = host_target()
-    # (272 positions: more than the col forms take, ``kernels.col_applies``)
-    conv = kernels.Conv3d(1, 16, 16, (2, 8, 17), (2, 8, 17), (3, 3, 3), (1, 1, 1), (1,) * 6,
+    # (544 positions: more than the col forms take, ``kernels.col_applies``)
+    conv = kernels.Conv3d(1, 16, 16, (2, 16, 17), (2, 16, 17), (3, 3, 3), (1, 1, 1), (1,) * 6,
                           (1, 1, 1), 1)
     prec = kernels.Precision("float32", "float32")
     graph = graph_of(kind, conv, prec, target=target)
@@ -391,7 +391,8 @@ def test_compiling_past_the_budget_starts_no_more_candidates(measuring, monkeypa
 
     monkeypatch.setattr(tune, "MEASURE_BUILD_SECONDS", budget)
     target = host_target()
-    conv = kernels.Conv3d(1, 16, 16, (2, 8, 17), (2, 8, 17), (3, 3, 3), (1, 1, 1), (1,) * 6,
+    # (544 positions: more than the col forms take, ``kernels.col_applies``)
+    conv = kernels.Conv3d(1, 16, 16, (2, 16, 17), (2, 16, 17), (3, 3, 3), (1, 1, 1), (1,) * 6,
                           (1, 1, 1), 1)
     prec = kernels.Precision("float32", "float32")
     graph = graph_of("grad_weight", conv, prec, target=target)

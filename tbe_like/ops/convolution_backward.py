@@ -436,7 +436,7 @@ def _other_forms(graph: kernels.Graph, kind: str, conv: kernels.Conv3d,
     its own group's channels alone (the packed form multiplies groups merged into 16 x 16
     blocks: X3D-M's depthwise 3x3x3 layer on 16x56x56, weight 15.2 -> 3.3 ms, input 18.9 ->
     2.6 ms), and
-    either gradient of a layer of at most 256 positions as one GEMM over an im2col matrix in
+    either gradient of a layer of at most 512 positions as one GEMM over an im2col matrix in
     the user's layout
     (``kernels.grad_weight_col``, ``grad_input_col``: c3d conv4a's input gradient 3.3 ->
     0.8 ms; slower where the filter is tens of MB, hence the race); a pointwise layer's weight

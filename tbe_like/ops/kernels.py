@@ -806,8 +806,14 @@ def grad_weight_outer(conv: Conv3d, prec: Precision,
 
 
 # Positions (N*Do*Ho*Wo) up to which both gradients are also built as one GEMM over an
-# im2col matrix (``grad_weight_col``, ``grad_input_col``): a late stage's small maps.
-COL_MAX_POSITIONS = 256
+# im2col matrix (``grad_weight_col``, ``grad_input_col``): a late stage's small maps, and the
+# strided layers that halve a map to them. 256 until 2026-11-29; past it, ``znver3`` (AVX2)
+# on Zen 5, kernels alone, layers of neither benchmark half, the weight gradient's col form
+# against the packed form's fastest tile: (1,3,3) stride (1,2,2) 160 -> 320 on 8x12x12 (288
+# positions) 1.07 against 1.45 ms, 96 -> 192 on 8x16x16 (512) 0.81 / 0.93, 3x3x3 stride 2
+# 112 -> 224 on 16x16x16 (512) 2.82 / 3.59; the input gradient tied (3.23 / 3.19) or won
+# (96 -> 192: 0.84 / 0.91). At 784 positions (R(2+1)D's layer2) it tied or lost.
+COL_MAX_POSITIONS = 512
 # ... and bytes of that matrix, at most.
 COL_MAX_BYTES = 8 << 20
 # A pointwise (1x1x1) layer's im2col matrix holds each element of x at most once (it is x
