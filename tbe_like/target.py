@@ -221,6 +221,13 @@ def unrolled_stores(mod) -> int:
                if isinstance(f, tirx.PrimFunc))
 
 
+def one_core(target: Target) -> Target:
+    """``target`` with one core: the rules then make no parallel loop (no thread is woken)."""
+    config = json.loads(str(target))
+    config["num-cores"] = 1
+    return Target(config)
+
+
 def build_config(target: Target, mod=None) -> dict:
     """PassContext options a target's kernels must be compiled with (``mod``: the module to
     build, where its size decides an option).

@@ -900,3 +900,71 @@ def test_dx_of_a_pointwise_layer_of_many_positions_is_w_transposed_times_dy(lane
     for spatial in ((1, 8, 15), (4, 7, 7), (1, 4, 8)):  # 120 positions, 196, 32
         other = kernels.grad_input_col(conv3d(1, 16, spatial, 8, (1, 1, 1), pad=0), prec)
         assert not other.params.direct and other.params.images == 1
+
+
+SPLIT_CASES = {  # weight gradients that split K under the rule (2 threads)
+    # 80 input channels: 5 column tiles of 16, which 2 threads share 3 and 2; x transposed.
+    "pointwise-80": conv3d(1, 80, (1, 16, 16), 24, (1, 1, 1), pad=0),
+    # A strided pointwise layer (its positions copied in tiles), 128 positions a thread.
+    "pointwise-stride2": conv3d(1, 32, (4, 16, 16), 40, (1, 1, 1), stride=(1, 2, 2), pad=0),
+    # 3 input channels, 3x3x3: 81 columns (not whole vectors), 8 x 81 a whole number of
+    # vectors (the partials added as one row); 5 x 81 not (element by element).
+    "k333-3-channels": conv3d(1, 3, (2, 8, 16), 8, (3, 3, 3)),
+    "k333-3-channels-5-out": conv3d(1, 3, (2, 8, 16), 5, (3, 3, 3)),
+    # (1, 3, 3) stride 2, padded: 160 columns, rows of several taps copied row by row.
+    "k133-stride2": conv3d(1, 16, (2, 16, 32), 12, (1, 3, 3), stride=(1, 2, 2), pad=(0, 1, 1)),
+}
+
+
+@pytest.mark.parametrize("split_k", [None, False])
+@pytest.mark.parametrize("lanes", HEURISTIC_LANES)
+@pytest.mark.parametrize("name", list(SPLIT_CASES))
+def test_the_weight_gradient_splits_k_among_the_threads(monkeypatch, name, lanes, split_k):
+    """Split K (``splits_k``, for two threads on whatever CPU runs the test): each thread's
+    share of the positions into a partial product (``rfactor``), x_col built in the same
+    parallel loop, the partials added after it; forced off by the knob. Both widths, against
+    NumPy under the bounds proof."""
+    monkeypatch.setattr(col_rule, "num_threads", lambda target: 2)
+    conv = SPLIT_CASES[name]
+    graph = kernels.grad_weight_col(conv, kernels.Precision("float32", "float32"))
+    assert col_rule.splits_k(graph.params, lanes, TARGET)
+    knobs = Heuristic(lanes, split_k=split_k)
+    sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})), graph,
+                           TARGET, knobs)
+    names = block_names_of(sch)
+    assert any(n.startswith(f"{stages.DW_COL}_rf") for n in names) == (split_k is None), names
+    if split_k is None:  # one parallel loop, over the parts: x_col and the GEMM under it
+        loops = []
+        structural_walk(sch.mod["main"].body, [(tirx.For, loops.append)])
+        parallel = [loop for loop in loops if loop.kind == tirx.ForKind.PARALLEL]
+        assert len(parallel) == 1 and int(parallel[0].extent) == 2
+        inside = []
+        structural_walk(parallel[0].body,
+                        [(s_tir.SBlock, lambda block: inside.append(block.name_hint))])
+        assert {n for n in names if not n.startswith(f"{stages.DW_COL}_rf")
+                and not n.startswith(stages.DW_COL_X)} <= {"root", stages.DW_COL}, names
+        assert {n for n in names if n != "root" and n != stages.DW_COL} == set(inside)
+    x, _, dy, _, dw_want = _case(conv, "float32", 31)
+    got = run_form(graph, knobs, (x, dy))
+    np.testing.assert_allclose(got, dw_want, rtol=0, atol=RTOL["float32"] * np.abs(dw_want).max())
+
+
+def test_split_k_only_where_each_thread_sums_enough_into_a_small_product(monkeypatch):
+    """Not on one core, below ``SPLIT_K_MIN_POSITIONS`` positions a thread, past a product
+    of ``SPLIT_K_MAX_BYTES``, where the threads do not divide the positions, or where x
+    transposed spans several images or a thread's rows are not whole transposed tiles."""
+    monkeypatch.setattr(col_rule, "num_threads", lambda target: 2)
+    prec = kernels.Precision("float32", "float32")
+
+    def splits(conv, lanes=8):
+        return col_rule.splits_k(kernels.grad_weight_col(conv, prec).params, lanes, TARGET)
+
+    assert splits(conv3d(1, 80, (1, 16, 16), 64, (1, 1, 1), pad=0))  # 128 a thread
+    assert not splits(conv3d(1, 80, (1, 16, 15), 64, (1, 1, 1), pad=0))  # 120
+    assert not splits(conv3d(1, 80, (1, 7, 7), 64, (1, 1, 1), pad=0))  # 49: odd
+    assert not splits(conv3d(2, 80, (1, 16, 16), 64, (1, 1, 1), pad=0))  # two images
+    assert not splits(conv3d(1, 80, (1, 12, 22), 64, (1, 1, 1), pad=0))  # 132: no whole tiles
+    assert splits(conv3d(1, 512, (4, 16, 16), 512, (1, 1, 1), stride=(1, 2, 2), pad=0))  # 1 MB
+    assert not splits(conv3d(1, 520, (4, 16, 16), 512, (1, 1, 1), stride=(1, 2, 2), pad=0))
+    monkeypatch.setattr(col_rule, "num_threads", lambda target: 1)
+    assert not splits(conv3d(1, 80, (1, 16, 16), 64, (1, 1, 1), pad=0))

@@ -11,7 +11,13 @@ im2col matrix (``FILTER_COL_OP``, ``tbe_like.ops.kernels.grad_weight_col``).
 
 or, where a tile of output channels that divides none of them holds more accumulators
 (:func:`gemm_tile`), parallel over the column tiles alone, each over the whole tiles of output
-channels and then a narrower last one.
+channels and then a narrower last one. Where a thread sums enough positions into a small
+enough product (:func:`splits_k`), split K instead:
+
+    parallel over the threads' shares of the positions
+      build the share's rows of x_col
+      the GEMM above on them, into the thread's partial product
+    add the partials (the calling thread)
 
 x_col is built first: for a pointwise layer of stride 1 it is x transposed, copied in tiles
 transposed in registers (``schedules.llvm.transpose``); for a strided pointwise layer in tiles
@@ -27,6 +33,7 @@ from __future__ import annotations
 from tbe_like import stages
 from tbe_like._tvm import tvm
 from tbe_like.params import FILTER_COL_OP, ColFilterParams
+from tbe_like.target import one_core
 
 from ..common import (
     Heuristic,
@@ -456,33 +463,114 @@ def schedule_im2col(sch, block, taps: int, target) -> None:
     padding test a constant or a loop's. Split into tiles of 16 columns instead, every lane
     of a vector took a division by the taps and a padding test of its own: 0.44 ms for
     R(2+1)D's 98 x 2304 matrix of a (1, 3, 3) kernel, 256 channels on 2x7x7 (Zen 4)."""
-    m, f = sch.get_loops(block)
+    m, f = sch.get_loops(block)[-2:]
     _, t = sch.split(f, [None, taps])
     parallel(sch, [m], target)
     sch.unroll(t)
 
 
+# Split K (:func:`splits_k`): the positions a thread sums at least, and the bytes of the
+# product (each thread's partial) at most.
+SPLIT_K_MIN_POSITIONS = 128
+SPLIT_K_MAX_BYTES = 1 << 20
+
+
+def splits_k(p: ColFilterParams, lanes: int, target) -> bool:
+    """Whether the GEMM runs split K (:func:`_split_k`): each thread builds its share of the
+    rows of x's im2col matrix and multiplies them into a partial product of its own, both in
+    one parallel loop, and the calling thread then adds the partials. Parallel over register
+    tiles instead, tiles that do not divide among the threads left one thread the larger
+    share (80 input channels are 5 column tiles: 3 and 2), and the im2col matrix was a
+    parallel loop of its own, which wakes the workers once more (15-25 us on a 2-vCPU VM).
+    Layers of neither benchmark half, kernels alone, Zen 5 built for znver3 (AVX2), the
+    faster width's tiles without / with: 80 -> 64 pointwise on 4x24x24 0.158 -> 0.127 ms,
+    32 -> 128 on 8x8x8 0.059 -> 0.048, 64 -> 64 on 8x14x14 0.082 -> 0.075, (1, 3, 3) stride
+    (1, 2, 2) 32 -> 32 on 8x16x16 0.106 -> 0.080, 128 -> 128 0.74 -> 0.73, 16 -> 32 3x3x3 on
+    8x8x8 0.123 -> 0.097, 64 -> 64 on 4x8x8 0.31 -> 0.31; 256 -> 512 on 4x14x14 (a 512 KB
+    product) 0.82 either way; built for znver5 (AVX-512): 80 -> 64 0.093 -> 0.081, 64 -> 64
+    3x3x3 0.26 -> 0.20. It lost where a thread summed 98 positions (512 -> 256 stride 2 on
+    4x14x14, a 512 KB product: 0.244 -> 0.254), hence ``SPLIT_K_MIN_POSITIONS``.
+    Not either where the positions do not divide among the threads, or x transposed spans
+    several images (a thread's rows would not be one image's) or a thread's rows are not
+    whole transposed tiles."""
+    threads = num_threads(target)
+    if (threads < 2 or p.positions % threads
+            or p.positions // threads < SPLIT_K_MIN_POSITIONS
+            or 4 * p.cout * p.columns > SPLIT_K_MAX_BYTES):
+        return False
+    if p.images:
+        tile = tile_lanes(p.columns, lanes)
+        return p.images == 1 and bool(tile) and (p.positions // threads) % tile == 0
+    return True
+
+
+def _split_k(sch, col, threads: int):
+    """The GEMM (``stages.DW_COL``) split K over ``threads``: its partials (``rfactor``) in
+    one parallel loop, each part building its rows of x's im2col matrix ``col`` first; the
+    partials added by the calling thread. The partial GEMM's block."""
+    gemm = sch.get_sblock(stages.DW_COL)
+    co, f, *reduction = sch.get_loops(gemm)
+    m = sch.fuse(*reduction) if len(reduction) > 1 else reduction[0]
+    part, m = sch.split(m, [threads, None])
+    sch.reorder(part, co, f, m)
+    partial = sch.rfactor(part, 0)
+    part = sch.get_loops(partial)[-4]
+    sch.parallel(part)
+    sch.compute_at(col, part, preserve_unit_loops=True)
+    return partial
+
+
+def _add_partials(sch, rows: int, columns: int, lanes: int) -> None:
+    """The sum of split K's partials (``stages.DW_COL``, loops (parts, rows, columns)) in
+    vectors of ``lanes``: each row of the product, its partials in turn; where the columns
+    are not whole vectors, each partial whole in turn, as one row (else element by element
+    where neither is)."""
+    block = sch.get_sblock(stages.DW_COL)
+    parts, rows_, columns_ = sch.get_loops(block)[-3:]
+    if columns % lanes == 0:
+        sch.reorder(rows_, parts, columns_)
+    elif rows * columns % lanes == 0:
+        columns_ = sch.fuse(rows_, columns_)
+    else:
+        return
+    sch.vectorize(sch.split(columns_, [None, lanes])[1])
+
+
 @register(FILTER_COL_OP, "llvm", candidates=width_candidates)
 def schedule(sch, p: ColFilterParams, target, knobs: Heuristic | None = None):
     """``knobs``: a :class:`Heuristic` (default, and for ``SAMPLE``: the target's vector
-    width; measured selection times both widths)."""
+    width; measured selection times both widths); its ``split_k`` forces split K on or off
+    where it applies (:func:`splits_k`; ``None``: the rule decides)."""
     lanes = knob_lanes(knobs, target)
+    split = splits_k(p, lanes, target)
+    if isinstance(knobs, Heuristic) and knobs.split_k is not None:
+        split = split and knobs.split_k
     col = sch.get_sblock(stages.DW_COL_X)
+    gemm = None
+    inner = target
+    if split:  # the stages below then run on each part's thread (one core each)
+        gemm = _split_k(sch, col, num_threads(target))
+        inner = one_core(target)
     panel = 0
     if p.images:  # x transposed, (n, p, f): tiles transposed in registers, in panels
-        panel = panel_columns(p, lanes, target)
-        transpose_tiles(sch, col, tile_lanes(p.columns, lanes), target, panel)
+        panel = panel_columns(p, lanes, inner)
+        transpose_tiles(sch, col, tile_lanes(p.columns, lanes), inner, panel)
     elif p.taps == 1:
-        transpose_in_tiles(sch, col, *sch.get_loops(col), target)
+        transpose_in_tiles(sch, col, *sch.get_loops(col)[-2:], inner)
     else:
-        schedule_im2col(sch, col, p.taps, target)
+        schedule_im2col(sch, col, p.taps, inner)
     if not p.images:
         offset_rows(sch, col)
-    gemm = sch.get_sblock(stages.DW_COL)
-    co, f, *reduction = sch.get_loops(gemm)
-    m = sch.fuse(*reduction) if len(reduction) > 1 else reduction[0]  # x transposed: (n, p)
-    schedule_gemm(sch, gemm, co, f, m, p.cout, p.columns, lanes, target,
+    if split:
+        co, f, m = sch.get_loops(gemm)[-3:]
+    else:
+        gemm = sch.get_sblock(stages.DW_COL)
+        co, f, *reduction = sch.get_loops(gemm)
+        m = sch.fuse(*reduction) if len(reduction) > 1 else reduction[0]  # x transposed: (n, p)
+    schedule_gemm(sch, gemm, co, f, m, p.cout, p.columns, lanes, inner,
                   columns_first=bool(panel))
+    if split:
+        _add_partials(sch, p.cout, p.columns, lanes)
     if stages.DW_COL_CAST in block_names(sch):
         # A float16/bfloat16 result: the float32 product cast by a pass of its own, output
         # channels in parallel.

@@ -147,7 +147,7 @@ def transpose_tiles(sch, block, lanes: int, target, panel: int = 0) -> None:
     tiles of 8 and 2 columns). ``panel``: the destination is kept in panels of that many
     columns, ``(c // panel, n, r, c % panel)`` (a multiple of ``lanes`` that divides the
     columns; then the columns are whole tiles)."""
-    n, r, c = sch.get_loops(block)
+    n, r, c = sch.get_loops(block)[-3:]
     # The rows outermost: cut by loop_partition under the loop over the images, the tiles of
     # the second of 2 images were never written.
     sch.reorder(r, n)

@@ -17,7 +17,6 @@ Every gradient is one of three cores on a forward convolution ``x -> y`` (:class
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -52,6 +51,7 @@ from ..params import (
     RowsInputParams,
     WinogradDInputParams,
 )
+from ..target import one_core
 
 C0 = 16
 ACC_DTYPE = "float32"
@@ -1607,13 +1607,6 @@ def one_core_races(graph: Graph, target: Target) -> bool:
     return (str(target.kind.name) == "llvm" and num_threads(target) > 1
             and not serial(graph.flops, math.prod(int(d) for d in graph.output.shape), target)
             and 0 < max(graph.flops, graph.work) <= ONE_CORE_RACE_FLOPS)
-
-
-def one_core(target: Target) -> Target:
-    """``target`` with one core: the rules then make no parallel loop (no thread is woken)."""
-    config = json.loads(str(target))
-    config["num-cores"] = 1
-    return Target(config)
 
 
 def prim_func(graph: Graph):
