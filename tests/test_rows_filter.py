@@ -151,8 +151,10 @@ def test_layers_of_few_output_channels_have_the_form_too():
     head = conv3d(1, 32, (4, 8, 16), 2, (5, 5, 5), pad=2)
     forms = _other_forms(graph_of("grad_weight", head, prec, target=TARGET),
                          "grad_weight", head, prec, False, TARGET)
-    # (Its own form computes W with F(2,5), 16 columns: the direct form races too.)
-    assert list(forms) == ["direct", ROWS_OUT] and forms[ROWS_OUT].op == kernels.FILTER_ROWS_OP
+    # (Its own form computes W with F(2,5), 16 columns: the direct form races too; and its
+    # 512 positions have the col form, ``kernels.col_applies``.)
+    assert list(forms) == ["direct", ROWS_OUT, "col"]
+    assert forms[ROWS_OUT].op == kernels.FILTER_ROWS_OP
     for conv in (conv3d(1, 64, (4, 8, 16), 8, (3, 3, 3)), conv3d(1, 5, (4, 8, 16), 1, (1, 1, 1))):
         assert kernels.weight_rows_out_applies(conv) and not kernels.rows_applies(conv)
     for conv in (conv3d(1, 64, (4, 8, 16), 9, (3, 3, 3)),  # 9 output channels
