@@ -914,6 +914,7 @@ SPLIT_CASES = {  # weight gradients that split K under the rule (2 threads)
     # (1, 3, 3) stride 2, padded: 160 columns, rows of several taps copied row by row.
     "k133-stride2": conv3d(1, 16, (2, 16, 32), 12, (1, 3, 3), stride=(1, 2, 2), pad=(0, 1, 1)),
 }
+SPLIT_DTYPES = {"pointwise-80": "bfloat16", "k133-stride2": "float16"}  # else float32
 
 
 @pytest.mark.parametrize("split_k", [None, False])
@@ -922,11 +923,12 @@ SPLIT_CASES = {  # weight gradients that split K under the rule (2 threads)
 def test_the_weight_gradient_splits_k_among_the_threads(monkeypatch, name, lanes, split_k):
     """Split K (``splits_k``, for two threads on whatever CPU runs the test): each thread's
     share of the positions into a partial product (``rfactor``), x_col built in the same
-    parallel loop, the partials added after it; forced off by the knob. Both widths, against
-    NumPy under the bounds proof."""
+    parallel loop, the partials added after it (a float16 or bfloat16 result then cast by a
+    pass of its own); forced off by the knob. Both widths, against NumPy under the bounds
+    proof."""
     monkeypatch.setattr(col_rule, "num_threads", lambda target: 2)
-    conv = SPLIT_CASES[name]
-    graph = kernels.grad_weight_col(conv, kernels.Precision("float32", "float32"))
+    conv, dtype = SPLIT_CASES[name], SPLIT_DTYPES.get(name, "float32")
+    graph = kernels.grad_weight_col(conv, kernels.Precision.on(TARGET, dtype, dtype))
     assert col_rule.splits_k(graph.params, lanes, TARGET)
     knobs = Heuristic(lanes, split_k=split_k)
     sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})), graph,
@@ -937,16 +939,23 @@ def test_the_weight_gradient_splits_k_among_the_threads(monkeypatch, name, lanes
         loops = []
         structural_walk(sch.mod["main"].body, [(tirx.For, loops.append)])
         parallel = [loop for loop in loops if loop.kind == tirx.ForKind.PARALLEL]
-        assert len(parallel) == 1 and int(parallel[0].extent) == 2
-        inside = []
-        structural_walk(parallel[0].body,
-                        [(s_tir.SBlock, lambda block: inside.append(block.name_hint))])
+        under = []
+        for loop in parallel:
+            blocks = []
+            structural_walk(loop.body, [(s_tir.SBlock, lambda b, blocks=blocks:
+                                         blocks.append(b.name_hint))])
+            under.append(set(blocks))
+        # (and a float16 or bfloat16 result's cast, a pass of its own after the sum)
+        parts, *rest = parallel
+        assert int(parts.extent) == 2 and all(u == {stages.DW_COL_CAST} for u in under[1:])
+        assert len(rest) <= (dtype != "float32")
+        after = {"root", stages.DW_COL, stages.DW_COL_CAST}  # the sum (serial), the cast
         assert {n for n in names if not n.startswith(f"{stages.DW_COL}_rf")
-                and not n.startswith(stages.DW_COL_X)} <= {"root", stages.DW_COL}, names
-        assert {n for n in names if n != "root" and n != stages.DW_COL} == set(inside)
-    x, _, dy, _, dw_want = _case(conv, "float32", 31)
+                and not n.startswith(stages.DW_COL_X)} <= after, names
+        assert {n for n in names if n not in after} == under[0]
+    x, _, dy, _, dw_want = _case(conv, dtype, 31)
     got = run_form(graph, knobs, (x, dy))
-    np.testing.assert_allclose(got, dw_want, rtol=0, atol=RTOL["float32"] * np.abs(dw_want).max())
+    np.testing.assert_allclose(got, dw_want, rtol=0, atol=RTOL[dtype] * np.abs(dw_want).max())
 
 
 def test_split_k_only_where_each_thread_sums_enough_into_a_small_product(monkeypatch):
