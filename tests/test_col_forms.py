@@ -905,6 +905,8 @@ def test_dx_of_a_pointwise_layer_of_many_positions_is_w_transposed_times_dy(lane
 SPLIT_CASES = {  # weight gradients that split K under the rule (2 threads)
     # 80 input channels: 5 column tiles of 16, which 2 threads share 3 and 2; x transposed.
     "pointwise-80": conv3d(1, 80, (1, 16, 16), 24, (1, 1, 1), pad=0),
+    # x transposed in a batch of 2: an image a thread.
+    "pointwise-batch2": conv3d(2, 40, (2, 8, 8), 24, (1, 1, 1), pad=0),
     # A strided pointwise layer (its positions copied in tiles), 128 positions a thread.
     "pointwise-stride2": conv3d(1, 32, (4, 16, 16), 40, (1, 1, 1), stride=(1, 2, 2), pad=0),
     # 3 input channels, 3x3x3: 81 columns (not whole vectors), 8 x 81 a whole number of
@@ -961,7 +963,8 @@ def test_the_weight_gradient_splits_k_among_the_threads(monkeypatch, name, lanes
 def test_split_k_only_where_each_thread_sums_enough_into_a_small_product(monkeypatch):
     """Not on one core, below ``SPLIT_K_MIN_POSITIONS`` positions a thread, past a product
     of ``SPLIT_K_MAX_BYTES``, where the threads do not divide the positions, or where x
-    transposed spans several images or a thread's rows are not whole transposed tiles."""
+    transposed spans images that the threads do not divide, or, of one image, a thread's rows
+    are not whole transposed tiles."""
     monkeypatch.setattr(col_rule, "num_threads", lambda target: 2)
     prec = kernels.Precision("float32", "float32")
 
@@ -971,7 +974,9 @@ def test_split_k_only_where_each_thread_sums_enough_into_a_small_product(monkeyp
     assert splits(conv3d(1, 80, (1, 16, 16), 64, (1, 1, 1), pad=0))  # 128 a thread
     assert not splits(conv3d(1, 80, (1, 16, 15), 64, (1, 1, 1), pad=0))  # 120
     assert not splits(conv3d(1, 80, (1, 7, 7), 64, (1, 1, 1), pad=0))  # 49: odd
-    assert not splits(conv3d(2, 80, (1, 16, 16), 64, (1, 1, 1), pad=0))  # two images
+    assert splits(conv3d(2, 80, (1, 16, 16), 64, (1, 1, 1), pad=0))  # an image a thread
+    assert not splits(conv3d(3, 80, (1, 16, 16), 64, (1, 1, 1), pad=0))  # three images
+    assert not splits(conv3d(2, 40, (3, 7, 7), 24, (1, 1, 1), pad=0))  # 147: a tail
     assert not splits(conv3d(1, 80, (1, 12, 22), 64, (1, 1, 1), pad=0))  # 132: no whole tiles
     assert splits(conv3d(1, 512, (4, 16, 16), 512, (1, 1, 1), stride=(1, 2, 2), pad=0))  # 1 MB
     assert not splits(conv3d(1, 520, (4, 16, 16), 512, (1, 1, 1), stride=(1, 2, 2), pad=0))

@@ -489,18 +489,24 @@ def splits_k(p: ColFilterParams, lanes: int, target) -> bool:
     8x8x8 0.123 -> 0.097, 64 -> 64 on 4x8x8 0.31 -> 0.31; 256 -> 512 on 4x14x14 (a 512 KB
     product) 0.82 either way; built for znver5 (AVX-512): 80 -> 64 0.093 -> 0.081, 64 -> 64
     3x3x3 0.26 -> 0.20. It lost where a thread summed 98 positions (512 -> 256 stride 2 on
-    4x14x14, a 512 KB product: 0.244 -> 0.254), hence ``SPLIT_K_MIN_POSITIONS``.
+    4x14x14, a 512 KB product: 0.244 -> 0.254), hence ``SPLIT_K_MIN_POSITIONS``. In a batch
+    of 2, x transposed, each thread its own image: 80 -> 64 on 4x16x16 AVX2 0.137 -> 0.116,
+    AVX-512 0.088 -> 0.069; 48 -> 108 on 8x14x14 0.191 -> 0.168 / 0.108 -> 0.097.
     Not either where the positions do not divide among the threads, or x transposed spans
-    several images (a thread's rows would not be one image's) or a thread's rows are not
-    whole transposed tiles."""
+    images that do not (a thread's rows would not be whole images), or an image's or a
+    thread's rows are not whole transposed tiles: the rows past the last whole tile, copied
+    by a loop of their own (``transpose_tiles``), were left unwritten under the part loop (a
+    batch of 2 images of 147 positions computed a wrong product)."""
     threads = num_threads(target)
     if (threads < 2 or p.positions % threads
             or p.positions // threads < SPLIT_K_MIN_POSITIONS
             or 4 * p.cout * p.columns > SPLIT_K_MAX_BYTES):
         return False
-    if p.images:
-        tile = tile_lanes(p.columns, lanes)
-        return p.images == 1 and bool(tile) and (p.positions // threads) % tile == 0
+    if p.images:  # a thread's rows: whole images, or whole tiles of one image
+        tile, rows = tile_lanes(p.columns, lanes), p.positions // p.images
+        share = rows * (p.images // threads) if p.images > 1 else rows // threads
+        return bool(tile) and p.images % min(threads, p.images) == 0 and rows % tile == 0 and (
+            share % tile == 0)
     return True
 
 
