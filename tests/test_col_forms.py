@@ -905,8 +905,9 @@ def test_dx_of_a_pointwise_layer_of_many_positions_is_w_transposed_times_dy(lane
 SPLIT_CASES = {  # weight gradients that split K under the rule (2 threads)
     # 80 input channels: 5 column tiles of 16, which 2 threads share 3 and 2; x transposed.
     "pointwise-80": conv3d(1, 80, (1, 16, 16), 24, (1, 1, 1), pad=0),
-    # x transposed in a batch of 2: an image a thread.
+    # x transposed in a batch of 2: an image a thread; with 4 threads, half an image each.
     "pointwise-batch2": conv3d(2, 40, (2, 8, 8), 24, (1, 1, 1), pad=0),
+    "pointwise-batch2-4-threads": conv3d(2, 40, (4, 8, 8), 24, (1, 1, 1), pad=0),
     # A strided pointwise layer (its positions copied in tiles), 128 positions a thread.
     "pointwise-stride2": conv3d(1, 32, (4, 16, 16), 40, (1, 1, 1), stride=(1, 2, 2), pad=0),
     # 3 input channels, 3x3x3: 81 columns (not whole vectors), 8 x 81 a whole number of
@@ -917,18 +918,20 @@ SPLIT_CASES = {  # weight gradients that split K under the rule (2 threads)
     "k133-stride2": conv3d(1, 16, (2, 16, 32), 12, (1, 3, 3), stride=(1, 2, 2), pad=(0, 1, 1)),
 }
 SPLIT_DTYPES = {"pointwise-80": "bfloat16", "k133-stride2": "float16"}  # else float32
+SPLIT_THREADS = {"pointwise-batch2-4-threads": 4}  # else 2
 
 
 @pytest.mark.parametrize("split_k", [None, False])
 @pytest.mark.parametrize("lanes", HEURISTIC_LANES)
 @pytest.mark.parametrize("name", list(SPLIT_CASES))
 def test_the_weight_gradient_splits_k_among_the_threads(monkeypatch, name, lanes, split_k):
-    """Split K (``splits_k``, for two threads on whatever CPU runs the test): each thread's
-    share of the positions into a partial product (``rfactor``), x_col built in the same
+    """Split K (``splits_k``, for two threads, or four, on whatever CPU runs the test): each
+    thread's share of the positions into a partial product (``rfactor``), x_col built in the same
     parallel loop, the partials added after it (a float16 or bfloat16 result then cast by a
     pass of its own); forced off by the knob. Both widths, against NumPy under the bounds
     proof."""
-    monkeypatch.setattr(col_rule, "num_threads", lambda target: 2)
+    threads = SPLIT_THREADS.get(name, 2)
+    monkeypatch.setattr(col_rule, "num_threads", lambda target: threads)
     conv, dtype = SPLIT_CASES[name], SPLIT_DTYPES.get(name, "float32")
     graph = kernels.grad_weight_col(conv, kernels.Precision.on(TARGET, dtype, dtype))
     assert col_rule.splits_k(graph.params, lanes, TARGET)
@@ -949,7 +952,8 @@ def test_the_weight_gradient_splits_k_among_the_threads(monkeypatch, name, lanes
             under.append(set(blocks))
         # (and a float16 or bfloat16 result's cast, a pass of its own after the sum)
         parts, *rest = parallel
-        assert int(parts.extent) == 2 and all(u == {stages.DW_COL_CAST} for u in under[1:])
+        assert int(parts.extent) == threads
+        assert all(u == {stages.DW_COL_CAST} for u in under[1:])
         assert len(rest) <= (dtype != "float32")
         after = {"root", stages.DW_COL, stages.DW_COL_CAST}  # the sum (serial), the cast
         assert {n for n in names if not n.startswith(f"{stages.DW_COL}_rf")
@@ -980,5 +984,8 @@ def test_split_k_only_where_each_thread_sums_enough_into_a_small_product(monkeyp
     assert not splits(conv3d(1, 80, (1, 12, 22), 64, (1, 1, 1), pad=0))  # 132: no whole tiles
     assert splits(conv3d(1, 512, (4, 16, 16), 512, (1, 1, 1), stride=(1, 2, 2), pad=0))  # 1 MB
     assert not splits(conv3d(1, 520, (4, 16, 16), 512, (1, 1, 1), stride=(1, 2, 2), pad=0))
+    monkeypatch.setattr(col_rule, "num_threads", lambda target: 4)
+    assert splits(conv3d(2, 40, (4, 8, 8), 24, (1, 1, 1), pad=0))  # half an image a thread
+    assert not splits(conv3d(2, 40, (1, 8, 33), 24, (1, 1, 1), pad=0))  # 132: no whole tiles
     monkeypatch.setattr(col_rule, "num_threads", lambda target: 1)
     assert not splits(conv3d(1, 80, (1, 16, 16), 64, (1, 1, 1), pad=0))

@@ -492,9 +492,9 @@ def splits_k(p: ColFilterParams, lanes: int, target) -> bool:
     4x14x14, a 512 KB product: 0.244 -> 0.254), hence ``SPLIT_K_MIN_POSITIONS``. In a batch
     of 2, x transposed, each thread its own image: 80 -> 64 on 4x16x16 AVX2 0.137 -> 0.116,
     AVX-512 0.088 -> 0.069; 48 -> 108 on 8x14x14 0.191 -> 0.168 / 0.108 -> 0.097.
-    Not either where the positions do not divide among the threads, or x transposed spans
-    images that do not (a thread's rows would not be whole images), or an image's or a
-    thread's rows are not whole transposed tiles: the rows past the last whole tile, copied
+    Not either where the positions do not divide among the threads, or, x transposed, a
+    thread's rows are neither whole images nor part of one, or an image's or a thread's rows
+    are not whole transposed tiles: the rows past the last whole tile, copied
     by a loop of their own (``transpose_tiles``), were left unwritten under the part loop (a
     batch of 2 images of 147 positions computed a wrong product)."""
     threads = num_threads(target)
@@ -504,9 +504,9 @@ def splits_k(p: ColFilterParams, lanes: int, target) -> bool:
         return False
     if p.images:  # a thread's rows: whole images, or whole tiles of one image
         tile, rows = tile_lanes(p.columns, lanes), p.positions // p.images
-        share = rows * (p.images // threads) if p.images > 1 else rows // threads
-        return bool(tile) and p.images % min(threads, p.images) == 0 and rows % tile == 0 and (
-            share % tile == 0)
+        share = p.positions // threads
+        return bool(tile) and rows % tile == 0 and (
+            share % rows == 0 or (rows % share == 0 and share % tile == 0))
     return True
 
 
