@@ -510,13 +510,11 @@ def splits_k(p: ColFilterParams, lanes: int, target) -> bool:
     return True
 
 
-def _split_k(sch, col, threads: int):
-    """The GEMM (``stages.DW_COL``) split K over ``threads``: its partials (``rfactor``) in
-    one parallel loop, each part building its rows of x's im2col matrix ``col`` first; the
-    partials added by the calling thread. The partial GEMM's block."""
-    gemm = sch.get_sblock(stages.DW_COL)
-    co, f, *reduction = sch.get_loops(gemm)
-    m = sch.fuse(*reduction) if len(reduction) > 1 else reduction[0]
+def _split_k(sch, col, co, f, m, threads: int):
+    """The GEMM (``stages.DW_COL``, loops ``co``, ``f`` and the reduction ``m``) split K over
+    ``threads``: its partials (``rfactor``) in one parallel loop, each part building its rows
+    of x's im2col matrix ``col`` first; the partials added by the calling thread. The partial
+    GEMM's block."""
     part, m = sch.split(m, [threads, None])
     sch.reorder(part, co, f, m)
     partial = sch.rfactor(part, 0)
@@ -551,11 +549,12 @@ def schedule(sch, p: ColFilterParams, target, knobs: Heuristic | None = None):
     split = splits_k(p, lanes, target)
     if isinstance(knobs, Heuristic) and knobs.split_k is not None:
         split = split and knobs.split_k
-    col = sch.get_sblock(stages.DW_COL_X)
-    gemm = None
+    col, gemm = sch.get_sblock(stages.DW_COL_X), sch.get_sblock(stages.DW_COL)
+    co, f, *reduction = sch.get_loops(gemm)
+    m = sch.fuse(*reduction) if len(reduction) > 1 else reduction[0]  # x transposed: (n, p)
     inner = target
     if split:  # the stages below then run on each part's thread (one core each)
-        gemm = _split_k(sch, col, num_threads(target))
+        gemm = _split_k(sch, col, co, f, m, num_threads(target))
         inner = one_core(target)
     panel = 0
     if p.images:  # x transposed, (n, p, f): tiles transposed in registers, in panels
@@ -567,12 +566,8 @@ def schedule(sch, p: ColFilterParams, target, knobs: Heuristic | None = None):
         schedule_im2col(sch, col, p.taps, inner)
     if not p.images:
         offset_rows(sch, col)
-    if split:
+    if split:  # (``rfactor`` made the partial GEMM's loops anew)
         co, f, m = sch.get_loops(gemm)[-3:]
-    else:
-        gemm = sch.get_sblock(stages.DW_COL)
-        co, f, *reduction = sch.get_loops(gemm)
-        m = sch.fuse(*reduction) if len(reduction) > 1 else reduction[0]  # x transposed: (n, p)
     schedule_gemm(sch, gemm, co, f, m, p.cout, p.columns, lanes, inner,
                   columns_first=bool(panel))
     if split:
