@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -132,6 +133,32 @@ def parallel(sch, loops, target):
     return loop
 
 
+# The share of the threads' time a parallel loop keeps busy (:func:`busy`) below which a stage
+# makes more of its loops parallel tasks (:func:`balanced`).
+BUSY_SHARE = 0.875
+
+
+def busy(tasks: int, threads: int) -> float:
+    """The share of ``threads``' time spent working when ``tasks`` equal tasks are dealt out
+    among them (each thread takes whole tasks; the last round leaves some idle)."""
+    return tasks / (-(-tasks // threads) * threads)
+
+
+def balanced(sch, loops, least: int, target) -> int:
+    """How many of ``loops`` (outermost first) a parallel loop fuses: the first ``least``, or
+    more where those leave the target's threads idle: the fewest that keep them busy
+    (:data:`BUSY_SHARE`), else the busiest. A stage of one image and one D row was a single
+    task and its other threads waited (the Winograd dy transform of a batch-1 weight gradient;
+    the D border reductions of V-Net's 5x5x5 input gradient, which ran at 69% of the FMA
+    peak)."""
+    threads = num_threads(target)
+    extents = [int(sch.get(loop).extent) for loop in loops]
+    least = min(least, len(loops))
+    shares = [busy(math.prod(extents[:count]), threads) for count in range(least, len(loops) + 1)]
+    enough = [i for i, share in enumerate(shares) if share >= BUSY_SHARE]
+    return least + (enough[0] if enough else shares.index(max(shares)))
+
+
 def parallelize(sch, loop, target, more: int = 0) -> None:
     """Run ``loop`` in parallel where :func:`parallel` would, counting ``more`` iterations
     besides its own: those of stages that will be placed under it."""
@@ -172,7 +199,7 @@ def fuse_parallel_vectorize(sch, block_name: str, n_parallel: int, target):
     """
     block = sch.get_sblock(block_name)
     loops = sch.get_loops(block)
-    n_parallel = min(n_parallel, len(loops) - 1)
+    n_parallel = balanced(sch, loops[:-1], n_parallel, target)
     if n_parallel > 0:
         parallel(sch, loops[:n_parallel], target)
     vectorize(sch, loops[-1])
@@ -273,7 +300,7 @@ def schedule_winograd_transform(sch, name: str, block: int, target, point: int =
     width = int(sch.get(lanes).extent)
     chunks, lanes = sch.split(lanes, [None, block if width % block == 0 else width])
     sch.reorder(a, b, c, d, chunks, t, e, lanes)
-    parallel(sch, [a, b, c, d][:outer], target)
+    parallel(sch, [a, b, c, d][:balanced(sch, [a, b, c, d], outer, target)], target)
     sch.unroll(e)
     sch.vectorize(lanes)
 

@@ -291,3 +291,73 @@ def test_weight_gradient_edge_columns_drop_their_padded_taps(name, lanes):
     sch.unannotate(columns, PARTITION)
     whole = update_stores(lowered_until(sch.mod, "tirx.StmtSimplify"), stages.DW_MAD)
     assert edged * taps == whole * ((taps if hi > lo else 0) + live), (edged, whole, live)
+
+
+def _for_cores(cores: int) -> Target:
+    return Target({**host_target().export(), "num-cores": cores})
+
+
+def _expected_input_gradient(conv, dy, w):
+    pads = [conv.pads[0], conv.pads[2], conv.pads[4]]
+    return ref.convolution_backward(
+        dy.astype(np.float64), np.zeros(conv.x_shape), w.astype(np.float64),
+        stride=list(conv.strides), padding=pads, dilation=list(conv.dilations),
+        transposed=False, output_padding=[0, 0, 0], groups=conv.groups,
+        output_mask=(True, False, False))[0]
+
+
+@pytest.mark.parametrize("cores", [2, 3])
+@pytest.mark.parametrize("knobs", [Heuristic(16, gemm=True), Heuristic(8)], ids=str)
+def test_input_gradient_border_planes_deal_out_their_rows(cores, knobs):
+    """V-Net's 5x5x5 layer on an 8x8x8 map: each D border plane (fewer live kd taps) is a
+    reduction of its own. Where its channel blocks are one GEMM tile it was a single parallel
+    task and the other threads waited (the kernel ran at 69% of the FMA peak); the rows of
+    tiles are tasks too wherever the threads would idle (``common.balanced``). Every reduction
+    keeps the threads busy, and the kernel, built for 2 or 3 cores, equals the reference."""
+    conv = conv3d(1, 32, (8, 8, 8), 32, (5, 5, 5), pad=2)
+    graph = kernels.grad_input(conv, F32)
+    sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})), graph,
+                           _for_cores(cores), knobs)
+    reductions = {name: loops for name, loops in _blocks(sch).items()
+                  if name.startswith(stages.DX_MAD) and not name.endswith("_init")}
+    assert len(reductions) == 5, reductions  # 2 planes at each border, 4 in the middle
+    for name, loops in reductions.items():
+        kind, tasks = loops[0]
+        assert kind == tvm.tirx.ForKind.PARALLEL, (name, loops)
+        assert common.busy(tasks, cores) >= common.BUSY_SHARE, (name, tasks)
+    rng = np.random.default_rng(cores)
+    dy, w = (rng.standard_normal([int(v) for v in t.shape]).astype("float32")
+             for t in graph.inputs)
+    dev = tvm.cpu()
+    out = tvm.runtime.tensor(np.zeros(list(graph.result_shape()), "float32"), dev)
+    compile_checked(sch.mod, host_target())["main"](
+        tvm.runtime.tensor(dy, dev), tvm.runtime.tensor(w, dev), out)
+    expected = _expected_input_gradient(conv, dy, w)
+    np.testing.assert_allclose(out.numpy(), expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+
+
+def test_balanced_adds_loops_only_while_threads_idle():
+    """``common.balanced``: the least loops, then more while the tasks leave threads idle and
+    one more loop keeps them busier."""
+    sch = s_tir.Schedule(IRModule({"main": kernels.prim_func(
+        kernels.grad_input(conv3d(1, 16, (1, 6, 8), 16, (1, 3, 3), pad=(0, 1, 1)), F32))}))
+    block = sch.get_sblock("layout_in_grad_output")
+    loops = sch.get_loops(block)  # (n 1, cb 1, d 1, h 6, w 8, c0 16)
+    assert [int(sch.get(loop).extent) for loop in loops] == [1, 1, 1, 6, 8, 16]
+    assert common.balanced(sch, loops, 2, _for_cores(2)) == 4  # 1 task -> 6 rows
+    assert common.balanced(sch, loops, 4, _for_cores(2)) == 4  # 6 tasks: busy
+    assert common.balanced(sch, loops, 2, _for_cores(4)) == 5  # 6 of 8 -> 48 of 48
+    assert common.balanced(sch, loops, 2, _for_cores(1)) == 2  # one core: never idle
+    assert common.busy(3, 2) == 0.75 and common.busy(8, 4) == 1.0
+
+
+def test_winograd_transform_of_one_sample_is_parallel_over_its_planes(monkeypatch):
+    """A batch-1 weight gradient's dy transform (Winograd along W) was parallel over (group,
+    sample) alone: one task. Its D planes are tasks too, and the kernel equals the
+    reference."""
+    monkeypatch.setattr(common, "PARALLEL_MIN_ITERATIONS", 0)  # parallel, however small
+    conv = conv3d(1, 16, (4, 6, 8), 32, (3, 3, 3))
+    graph, sch = _weight_sch(conv, 4)
+    kind, tasks = _blocks(sch)[stages.DW_WINO_DY][0]
+    assert kind == tvm.tirx.ForKind.PARALLEL and tasks == 4, (kind, tasks)
+    _checkweight_gradient(conv, graph, sch, seed=5)

@@ -50,6 +50,7 @@ from ..common import (
     HEURISTIC_LANES,
     SAMPLE,
     Heuristic,
+    balanced,
     block_names,
     divisors,
     fewest_loads_tile,
@@ -234,6 +235,8 @@ def _schedule_mad(sch, name: str, knobs: Knobs | str, target, w_taps: str = "",
         outer = [cb]
     elif math.prod(int(sch.get(loop).extent) for loop in outer) < TASKS_PER_THREAD * threads:
         outer = [cb, n, d, *outer[2:]]  # the blocks as parallel tasks too
+        rows = [*outer, h_o]  # and the rows of tiles where the threads would idle
+        outer = rows[:balanced(sch, rows, len(outer), target)]
     taps = [b, co_i, c] if w_taps == "inner" else [b, c, co_i]
     chunk = [n, a, d] if streamed else [a, co_o, cb]
     inner = [*chunk, h_o, w_o, *taps, co_u, cb_i, h_i, w_i, ci0]
