@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import statistics
 import sys
 import tempfile
 import threading
@@ -426,27 +427,28 @@ def race_rounds(round_seconds: float) -> int:
     (CSN's 256 -> 64 pointwise weight gradient, col form: 0.16 and 0.185 ms in turns, blocks
     of 50 calls; in one benchmark build 0.258 ms over its whole race, where split K's 0.20
     then won and the row came out at 0.98 of PyTorch instead of 1.4). Five rounds of
-    five 0.2 ms candidates last about 10 ms, within one phase; the fastest call of each
-    over a tenth of a second has seen several."""
+    five 0.2 ms candidates last about 10 ms, within one phase; the calls of each over a
+    tenth of a second have seen several."""
     if round_seconds <= 0:
         return MEASURE_MOST_ROUNDS
     return max(MEASURE_ROUNDS, min(MEASURE_MOST_ROUNDS, int(MEASURE_RACE_SECONDS / round_seconds)))
 
 
 def _race(runners: list[Callable[[], float]], rounds: int = 5, calls: int = 2,
-          seconds: float = math.inf) -> list[float]:
+          seconds: float = math.inf, typical: bool = False) -> list[float]:
     """The fastest call of each runner over ``rounds`` interleaved rounds of ``calls`` calls
     each: a machine that slows down for a while (other tenants) slows every contender's round
-    alike, and the minimum ignores it. A round starts only where it would still end within
+    alike, and the minimum ignores it; ``typical``: the median call instead, which the
+    interleaving keeps as fair. A round starts only where it would still end within
     ``seconds`` (the first always does)."""
-    best = [math.inf] * len(runners)
+    made: list[list[float]] = [[] for _ in runners]
     start = time.perf_counter()
     for done in range(1, rounds + 1):
         for i, run in enumerate(runners):
-            best[i] = min(best[i], *(run() for _ in range(calls)))
+            made[i].extend(run() for _ in range(calls))
         if (time.perf_counter() - start) * (done + 1) / done > seconds:
             break
-    return best
+    return [statistics.median(m) if typical else min(m) for m in made]
 
 
 _GENERATION = [0]  # records written by this process (tbe_like.ops.memo)
@@ -629,7 +631,8 @@ def tune(func, space: Callable, target: Target, trials: int, records: str | os.P
 @dataclass(frozen=True)
 class Selection:
     """What measured selection did for one kernel: the knobs it chose among ``times`` (each
-    candidate's fastest call, seconds), and the seconds it took (compiling and timing).
+    candidate's median call in the race, or where it was left out of the race its fastest
+    first call; seconds), and the seconds it took (compiling and timing).
     ``executable``: the chosen candidate as compiled (when it was compiled under the kernel's
     name: the build uses it instead of compiling it again)."""
 
@@ -710,6 +713,9 @@ def measured_schedule(func, schedule_with: Callable[[Any, Any], Any], candidates
     """Like cuDNN's benchmark mode or FFTW's planner: schedule ``func`` with each knobs value
     in ``candidates`` (``schedule_with(sch, knobs)``), compile the distinct schedules, time
     them here side by side (:func:`_race`, within ``MEASURE_SECONDS``), and store the fastest
+    (by its median call in the race: on this 2-vCPU VM a kernel of 8 parallel loops ran at
+    0.38-0.44 ms in some blocks of calls and 0.50-0.54 in most, as the woken worker came fast
+    or late, and its fastest call won against a form of 3 loops steady at 0.46-0.49)
     as the tuning record of ``func`` for ``target`` in ``records`` (default: this code's,
     :func:`measured_records_dir`), which later builds replay (:func:`lookup`).
 
@@ -750,9 +756,10 @@ def measured_schedule(func, schedule_with: Callable[[Any, Any], Any], candidates
     round_seconds = 2 * sum(times[i] for i in close)
     rounds = int(left / round_seconds)
     if rounds >= 1 and len(close) > 1:
-        raced = _race([runners[i] for i in close], min(rounds, race_rounds(round_seconds)))
+        raced = _race([runners[i] for i in close], min(rounds, race_rounds(round_seconds)),
+                      typical=True)
         for i, t in zip(close, raced, strict=True):
-            times[i] = min(times[i], t)
+            times[i] = t
     best = min(range(len(options)), key=times.__getitem__)
     name, sch, mod = options[best]
     ms = _ms()

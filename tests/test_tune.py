@@ -550,3 +550,17 @@ def test_short_races_last_a_tenth_of_a_second():
     assert tune.race_rounds(0.001) == tune.MEASURE_MOST_ROUNDS == 50
     assert tune.race_rounds(0.05) == tune.race_rounds(2.0) == tune.MEASURE_ROUNDS == 5
     assert tune.race_rounds(0.0) == 50
+
+
+def test_the_race_ranks_by_the_median_call():
+    """Measured selection's race keeps each candidate's median call (``typical``): a kernel
+    whose worker is woken fast in a few calls and late in most must not win by its fastest
+    call against one steadily a little slower."""
+    from tbe_like import tune
+
+    calls = {"spiky": iter([0.38, 0.52, 0.53, 0.39, 0.54, 0.52]),
+             "steady": iter([0.47, 0.48, 0.47, 0.48, 0.47, 0.48])}
+    runners = [lambda name=name: next(calls[name]) for name in calls]
+    assert tune._race(runners, rounds=3, typical=True) == [0.52, 0.475]
+    calls = {"spiky": iter([0.38, 0.52]), "steady": iter([0.47, 0.48])}
+    assert tune._race(runners, rounds=1) == [0.38, 0.47]  # the fastest, as tuning races
