@@ -84,9 +84,11 @@ SHAPES = {
 }
 
 # As the CPU operators build them: the weight gradient's result layout reads its accumulator
-# (``unpack_cells``), so that the rule may unpack it in steps of the reduction.
+# (``unpack_cells``), so that the rule may unpack it in steps of the reduction; the input
+# gradient sums the real output channels only (``live_channels``: 24 of 32, 1 as 8 of 16).
 GRADIENTS = {"grad_weight": lambda conv, prec, **kw: kernels.grad_weight(
-    conv, prec, unpack_cells=True, **kw), "grad_input": kernels.grad_input}
+    conv, prec, unpack_cells=True, **kw), "grad_input": lambda conv, prec, **kw:
+    kernels.grad_input(conv, prec, live_channels=True, **kw)}
 
 
 @pytest.fixture(autouse=True)

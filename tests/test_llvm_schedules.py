@@ -8,6 +8,7 @@ import pytest
 from conftest import conv3d, weight_gradient
 from tbe_like.schedules import Heuristic, common
 from tbe_like.schedules.llvm import conv3d_backprop_filter as dw_rule
+from tbe_like.schedules.llvm import conv3d_backprop_input as dx_rule
 
 from tbe_like import stages
 from tbe_like._tvm import IRModule, Target, s_tir, tvm
@@ -361,3 +362,42 @@ def test_winograd_transform_of_one_sample_is_parallel_over_its_planes(monkeypatc
     kind, tasks = _blocks(sch)[stages.DW_WINO_DY][0]
     assert kind == tvm.tirx.ForKind.PARALLEL and tasks == 4, (kind, tasks)
     _checkweight_gradient(conv, graph, sch, seed=5)
+
+
+@pytest.mark.parametrize("cout, groups, summed", [
+    (24, 1, 24),  # 24 of the 32 channels of 2 blocks
+    (20, 1, 24),  # rounded up to half a block
+    (1, 1, 8),
+    (48, 1, 48),  # whole blocks: unchanged
+    (32, 2, 16),  # a merged group's 16 (2 groups of 16 in and out)
+    (16, 16, 16),  # depthwise: 16 groups merged into one block
+])
+@pytest.mark.parametrize("form", ["phases", "winograd", "dense", "streamed"])
+def test_input_gradient_sums_the_real_output_channels(cout, groups, summed, form):
+    """A CPU input gradient (``live_channels``) sums the real output channels of each merged
+    group, rounded up to ``LIVE_CHANNEL_STEP``, not every channel of dy's padded blocks (a
+    24-channel layer's reduction had 32, a third of its multiply-adds by zeros); the rules
+    unroll a chunk's channels by what divides it, and the result equals the reference."""
+    from tbe_like.compute.conv3d_backprop_input import reduced_channels
+
+    cin = 16 if groups != 2 else 32
+    conv = conv3d(1, max(cin, groups), (3, 5, 8), cout, (3, 3, 3), groups=groups)
+    options = {"phases": {}, "winograd": {"winograd": 4}, "dense": {"dense": True},
+               "streamed": {"streamed": True}}[form]
+    graph = kernels.grad_input(conv, F32, live_channels=True, **options)
+    plain = s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)}))
+    reductions = [n for n in common.block_names(plain) if n.startswith(stages.DX_MAD)]
+    assert reductions
+    for name in reductions:  # (rows, columns, output channels summed)
+        assert dx_rule._extents(plain, plain.get_sblock(name))[2] == summed
+    assert reduced_channels(graph.params.geometry.group, True) == summed
+    sch = _scheduled(graph, Heuristic(8) if form != "streamed" else Heuristic(8, stream=True))
+    rng = np.random.default_rng(cout)
+    dy, w = (rng.standard_normal([int(v) for v in t.shape]).astype("float32")
+             for t in graph.inputs)
+    dev = tvm.cpu()
+    out = tvm.runtime.tensor(np.zeros(list(graph.result_shape()), "float32"), dev)
+    compile_checked(sch.mod, host_target())["main"](
+        tvm.runtime.tensor(dy, dev), tvm.runtime.tensor(w, dev), out)
+    expected = _expected_input_gradient(conv, dy, w)
+    np.testing.assert_allclose(out.numpy(), expected, rtol=0, atol=1e-5 * np.abs(expected).max())

@@ -217,8 +217,10 @@ def _schedule_mad(sch, name: str, knobs: Knobs | str, target, w_taps: str = "",
         w_factors = [None, max(1, min(width, knobs.w_tile))]
         h_factors = [None, max(1, min(height, knobs.h_tile))]
         co_factors = [None, _fit(channels, knobs.co_chunk)]
-        unroll = knobs.co_unroll
-        if co_factors[1] % unroll or width % w_factors[1] or height % h_factors[1]:
+        # (A chunk of the real output channels, ``live_channels``, may be 8 or 24: the
+        # channels of a C0 block it holds whole.)
+        unroll = math.gcd(knobs.co_unroll, co_factors[1])
+        if width % w_factors[1] or height % h_factors[1]:
             unroll = 1
     blocks = int(sch.get(cb).extent)
     cb_tile = 1 if knobs == SAMPLE else _fit(blocks, knobs.cb_tile)

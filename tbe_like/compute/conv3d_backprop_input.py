@@ -113,6 +113,22 @@ def _padded(src: te.Tensor, p: BackpropInputParams, extent, lead, sizes) -> te.T
                       attrs=source_rows(rows))
 
 
+# The output channels a reduction over the real ones rounds up to (``live_channels``): half a
+# C0 block, so that a chunk of them still unrolls in whole vectors of dy's block.
+LIVE_CHANNEL_STEP = 8
+
+
+def reduced_channels(g, live: bool) -> int:
+    """The output channels (of a merged group) an input gradient's reduction sums over: all
+    ``cout_g`` of the packed layout, or with ``live`` its real ones rounded up to
+    ``LIVE_CHANNEL_STEP`` (24 of 32: the packed layout pads a block of C0 with zeros that the
+    reduction would multiply)."""
+    if not live:
+        return g.cout_g
+    real = g.mag_factor * g.cout_per_group
+    return min(g.cout_g, -(-real // LIVE_CHANNEL_STEP) * LIVE_CHANNEL_STEP)
+
+
 def _merged_group(cb, g):
     """The merged group of input-channel block ``cb``: a literal 0 without groups, so that the
     reduction's access pattern shows one GEMM over every input channel."""
@@ -138,11 +154,12 @@ def _flip(w: te.Tensor, p: BackpropInputParams) -> te.Tensor:
     return te.compute(shape, body, name=stages.DX_FILTER_FLIP, tag=_tag("filter_flip"))
 
 
-def _mad_dense(dy_pad: te.Tensor, w_flip: te.Tensor, p: BackpropInputParams) -> te.Tensor:
+def _mad_dense(dy_pad: te.Tensor, w_flip: te.Tensor, p: BackpropInputParams,
+               live: bool = False) -> te.Tensor:
     geo, g = p.geometry, p.geometry.group
     c0 = geo.c0
     dd, dh, dw = geo.dilations
-    rco = te.reduce_axis((0, g.cout_g), name="co")
+    rco = te.reduce_axis((0, reduced_channels(g, live)), name="co")
     ra = te.reduce_axis((0, geo.kernel[0]), name="a")
     rb = te.reduce_axis((0, geo.kernel[1]), name="b")
     rc = te.reduce_axis((0, geo.kernel[2]), name="c")
@@ -394,10 +411,10 @@ def _lane_filter(w_flip: te.Tensor, p: BackpropInputParams, phase: Phase, cin: i
 
 
 def _mad_phase(dy_pad: te.Tensor, lead: tuple[int, int, int], w_flip: te.Tensor,
-               p: BackpropInputParams, phase: Phase) -> te.Tensor:
+               p: BackpropInputParams, phase: Phase, live: bool = False) -> te.Tensor:
     g, c0 = p.geometry.group, p.geometry.c0
     pd, ph, pw = phase.axes
-    rco = te.reduce_axis((0, g.cout_g), name="co")
+    rco = te.reduce_axis((0, reduced_channels(g, live)), name="co")
     ra = te.reduce_axis((0, pd.taps), name="a")
     rb = te.reduce_axis((0, ph.taps), name="b")
     rc = te.reduce_axis((0, pw.taps), name="c")
@@ -486,7 +503,7 @@ def _interleave(parts: list[tuple[Phase, object]], strides: tuple[int, int, int]
 def conv3d_backprop_input(w: te.Tensor, dy: te.Tensor, p: BackpropInputParams,
                           bias: te.Tensor | None = None, attrs: dict | None = None,
                           stride_phases: bool = True, winograd: bool | int = False,
-                          split_d: bool = True) -> te.Tensor:
+                          split_d: bool = True, live_channels: bool = False) -> te.Tensor:
     """dX as ``(N, D, Cin1, H*W, C0)`` in ``p.res_dtype``, accumulated in float32.
 
     Parameters
@@ -511,16 +528,21 @@ def conv3d_backprop_input(w: te.Tensor, dy: te.Tensor, p: BackpropInputParams,
         5 taps: F(2,5), 6 per 2 instead of 10), 2 or 4 fixes it (F(4,5) does not exist: 5-tap
         layers then stay direct). The CPU kernels of ``tbe_like.ops`` use it; its stages are
         float32.
+    live_channels : bool
+        Sum over the real output channels only (rounded up to ``LIVE_CHANNEL_STEP``,
+        :func:`reduced_channels`), not over every channel of dy's padded blocks. The CPU
+        kernels of ``tbe_like.ops`` use it (a GPU's tensor-core tiles take whole blocks).
     """
     if not stride_phases:
         dy_pad = _pad_dilated(_dilate(dy, p), p)
-        mad = _mad_dense(dy_pad, _flip(w, p), p)
+        mad = _mad_dense(dy_pad, _flip(w, p), p, live_channels)
         return _result(lambda *i: mad(*i), bias, p, attrs)
     return _phase_correlation(w, dy, p, phases(p, split_d), p.geometry.strides, bias, attrs,
-                              winograd)
+                              winograd, live_channels)
 
 
-def _phase_correlation(w, dy, p, plan, strides, bias, attrs, winograd=False) -> te.Tensor:
+def _phase_correlation(w, dy, p, plan, strides, bias, attrs, winograd=False,
+                       live: bool = False) -> te.Tensor:
     parts = []
     if plan:
         found = _winograd_axis(plan, strides, winograd)
@@ -533,13 +555,13 @@ def _phase_correlation(w, dy, p, plan, strides, bias, attrs, winograd=False) -> 
         w_flip = _flip(w, p)
         if found is None:
             for ph in plan:
-                mad = _mad_phase(dy_pad, lead, w_flip, p, ph)
+                mad = _mad_phase(dy_pad, lead, w_flip, p, ph, live)
                 parts.append((ph, lambda *i, mad=mad: mad[i]))
         else:
             v = _winograd_dy(dy_pad, lead[2], axis, wino)
             u = _winograd_filter(w_flip, axis, wino)
             for ph in plan:
-                mad = _mad_winograd(v, u, lead, p, ph)
+                mad = _mad_winograd(v, u, lead, p, ph, live)
                 parts.append((ph, _winograd_output(mad, axis, wino)))
     blocks = p.geometry.group.real_g * p.geometry.group.cin1_g
     return _result(_interleave(parts, strides, p.geometry.in_spatial, blocks, p), bias, p,
@@ -617,10 +639,10 @@ def _winograd_filter(w_flip: te.Tensor, axis: AxisPhase, wino: Winograd) -> te.T
 
 
 def _mad_winograd(v: te.Tensor, u: te.Tensor, lead: tuple[int, int, int],
-                  p: BackpropInputParams, phase: Phase) -> te.Tensor:
+                  p: BackpropInputParams, phase: Phase, live: bool = False) -> te.Tensor:
     g, c0 = p.geometry.group, p.geometry.c0
     pd, ph, _ = phase.axes
-    rco = te.reduce_axis((0, g.cout_g), name="co")
+    rco = te.reduce_axis((0, reduced_channels(g, live)), name="co")
     ra = te.reduce_axis((0, pd.taps), name="a")
     rb = te.reduce_axis((0, ph.taps), name="b")
     shape = (p.geometry.batch, pd.rows, g.real_g * g.cin1_g, ph.rows, v.shape[2], v.shape[5], c0)

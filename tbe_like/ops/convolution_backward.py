@@ -407,12 +407,13 @@ def graph_of(kind: str, conv: kernels.Conv3d, prec: kernels.Precision,
     """The kernel graph of one gradient: ``kind`` "grad_input", "forward" or "grad_weight";
     ``target``: the kernels' target (its input gradients may differ, ``kernels.winograd_on``)."""
     winograd = target is not None and kernels.winograd_on(target)
+    # CPU kernels (``target`` None: the direct form of a CPU kernel) unpack the accumulator
+    # and sum an input gradient over the real output channels only.
+    cells = target is None or str(target.kind.name) == "llvm"
     if kind == "grad_input":
-        return kernels.grad_input(conv, prec, winograd=winograd)
+        return kernels.grad_input(conv, prec, winograd=winograd, live_channels=cells)
     if kind == "forward":
         return kernels.forward(conv, prec, winograd=winograd)
-    # CPU kernels (``target`` None: the direct form of a CPU kernel) unpack the accumulator.
-    cells = target is None or str(target.kind.name) == "llvm"
     return kernels.grad_weight(conv, prec, names=_weight_names(transposed), winograd=winograd,
                                unpack_cells=cells)
 
@@ -480,9 +481,10 @@ def _other_forms(graph: kernels.Graph, kind: str, conv: kernels.Conv3d,
         if kernels.input_rows_out_applies(conv):
             forms[kernels.ROWS_OUT] = kernels.grad_input_rows(conv, prec)
         if kernels.temporal_rows_applies(conv):
-            forms["temporal"] = kernels.grad_input(conv, prec, dense=True)
+            forms["temporal"] = kernels.grad_input(conv, prec, dense=True, live_channels=True)
         if kernels.streamed_applies(conv):
-            forms["streamed"] = kernels.grad_input(conv, prec, streamed=True)
+            forms["streamed"] = kernels.grad_input(conv, prec, streamed=True,
+                                                   live_channels=True)
         if kernels.winograd_on(target) and kernels.input_winograd_d_applies(conv):
             forms[kernels.WINOGRAD_D] = kernels.grad_input_winograd_d(conv, prec)
     return forms

@@ -215,8 +215,8 @@ def uses_winograd(graph: Graph) -> bool:
 
 
 def grad_input(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "grad_input"),
-               winograd: bool | int = False, dense: bool = False, streamed: bool = False
-               ) -> Graph:
+               winograd: bool | int = False, dense: bool = False, streamed: bool = False,
+               live_channels: bool = False) -> Graph:
     """dX of ``conv``: ``(dy (N, cout, ...), W (cout, cin/g, k...)) -> (N, cin, ...)``.
 
     ``dense``: one reduction over dy padded whole (``stride_phases=False`` of the compute; its
@@ -224,7 +224,8 @@ def grad_input(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "g
     is computed in row by row (:func:`temporal_rows_applies`); no Winograd. ``streamed``: the
     stride-phase form with every D row in one reduction (``split_d=False`` of the compute), the
     form whose filter is flipped inside that reduction (:func:`streamed_applies`); no
-    Winograd."""
+    Winograd. ``live_channels``: the reduction sums the real output channels only (a CPU
+    kernel's; ``compute.conv3d_backprop_input``)."""
     dy = _placeholder(conv.y_shape, names[0], prec.dtype)
     w = _placeholder(conv.w_shape, names[1], prec.dtype)
     convert, cd = prec.convert(), prec.core_dtype
@@ -240,7 +241,7 @@ def grad_input(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "g
         (conv.batch, *conv.in_spatial, conv.cin), cd, ACC_DTYPE, names[2], None, None, {})
     winograd = False if dense or streamed else winograd
     res = compute.conv3d_backprop_input(w6, dy6, p, winograd=winograd, stride_phases=not dense,
-                                        split_d=not streamed)
+                                        split_d=not streamed, live_channels=live_channels)
     out = lt.unpack_6hd(res, conv.cin, conv.in_spatial[2], prec.dtype, names[2])
     return Graph(INPUT_OP, p, [dy, w], out, ["NCDHW", "NCDHW", "NCDHW"],
                  result_periods(p, winograd), flops, rows_only=dense, streamed=streamed,
