@@ -48,18 +48,39 @@ def _blocks(sch):
     return found
 
 
-def _checkweight_gradient(conv, graph, sch, seed: int) -> None:
-    """``sch`` of ``graph`` (the weight gradient of ``conv``), built through the bounds proof
-    and run on random data, equals the float64 reference."""
+def _run_checked(graph, sch, seed: int) -> tuple[list[np.ndarray], np.ndarray]:
+    """``sch`` of ``graph`` built through the bounds proof and run on random float32 inputs:
+    (the inputs, the result)."""
     rng = np.random.default_rng(seed)
-    x, dy = (rng.standard_normal([int(v) for v in t.shape]).astype("float32")
-             for t in graph.inputs)
+    inputs = [rng.standard_normal([int(v) for v in t.shape]).astype("float32")
+              for t in graph.inputs]
     dev = tvm.cpu()
     out = tvm.runtime.tensor(np.zeros(list(graph.result_shape()), "float32"), dev)
     compile_checked(sch.mod, host_target())["main"](
-        tvm.runtime.tensor(x, dev), tvm.runtime.tensor(dy, dev), out)
-    expected = weight_gradient(conv, x, dy)
-    np.testing.assert_allclose(out.numpy(), expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+        *(tvm.runtime.tensor(a, dev) for a in inputs), out)
+    return inputs, out.numpy()
+
+
+def _assert_close(got, expected) -> None:
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+
+
+def _checkweight_gradient(conv, graph, sch, seed: int) -> None:
+    """``sch`` of ``graph`` (the weight gradient of ``conv``), built through the bounds proof
+    and run on random data, equals the float64 reference."""
+    (x, dy), got = _run_checked(graph, sch, seed)
+    _assert_close(got, weight_gradient(conv, x, dy))
+
+
+def _check_input_gradient(conv, graph, sch, seed: int) -> None:
+    """The same for an input gradient."""
+    (dy, w), got = _run_checked(graph, sch, seed)
+    pads = [conv.pads[0], conv.pads[2], conv.pads[4]]
+    _assert_close(got, ref.convolution_backward(
+        dy.astype(np.float64), np.zeros(conv.x_shape), w.astype(np.float64),
+        stride=list(conv.strides), padding=pads, dilation=list(conv.dilations),
+        transposed=False, output_padding=[0, 0, 0], groups=conv.groups,
+        output_mask=(True, False, False))[0])
 
 
 SEED_LIKE = conv3d(4, 16, (4, 9, 9), 16, (2, 3, 3), stride=2, pad=0)  # 16 channels, stride 2
@@ -298,15 +319,6 @@ def _for_cores(cores: int) -> Target:
     return Target({**host_target().export(), "num-cores": cores})
 
 
-def _expected_input_gradient(conv, dy, w):
-    pads = [conv.pads[0], conv.pads[2], conv.pads[4]]
-    return ref.convolution_backward(
-        dy.astype(np.float64), np.zeros(conv.x_shape), w.astype(np.float64),
-        stride=list(conv.strides), padding=pads, dilation=list(conv.dilations),
-        transposed=False, output_padding=[0, 0, 0], groups=conv.groups,
-        output_mask=(True, False, False))[0]
-
-
 @pytest.mark.parametrize("cores", [2, 3])
 @pytest.mark.parametrize("knobs", [Heuristic(16, gemm=True), Heuristic(8)], ids=str)
 def test_input_gradient_border_planes_deal_out_their_rows(cores, knobs):
@@ -326,15 +338,7 @@ def test_input_gradient_border_planes_deal_out_their_rows(cores, knobs):
         kind, tasks = loops[0]
         assert kind == tvm.tirx.ForKind.PARALLEL, (name, loops)
         assert common.busy(tasks, cores) >= common.BUSY_SHARE, (name, tasks)
-    rng = np.random.default_rng(cores)
-    dy, w = (rng.standard_normal([int(v) for v in t.shape]).astype("float32")
-             for t in graph.inputs)
-    dev = tvm.cpu()
-    out = tvm.runtime.tensor(np.zeros(list(graph.result_shape()), "float32"), dev)
-    compile_checked(sch.mod, host_target())["main"](
-        tvm.runtime.tensor(dy, dev), tvm.runtime.tensor(w, dev), out)
-    expected = _expected_input_gradient(conv, dy, w)
-    np.testing.assert_allclose(out.numpy(), expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+    _check_input_gradient(conv, graph, sch, seed=cores)
 
 
 def test_balanced_adds_loops_only_while_threads_idle():
@@ -392,12 +396,4 @@ def test_input_gradient_sums_the_real_output_channels(cout, groups, summed, form
         assert dx_rule._extents(plain, plain.get_sblock(name))[2] == summed
     assert reduced_channels(graph.params.geometry.group, True) == summed
     sch = _scheduled(graph, Heuristic(8) if form != "streamed" else Heuristic(8, stream=True))
-    rng = np.random.default_rng(cout)
-    dy, w = (rng.standard_normal([int(v) for v in t.shape]).astype("float32")
-             for t in graph.inputs)
-    dev = tvm.cpu()
-    out = tvm.runtime.tensor(np.zeros(list(graph.result_shape()), "float32"), dev)
-    compile_checked(sch.mod, host_target())["main"](
-        tvm.runtime.tensor(dy, dev), tvm.runtime.tensor(w, dev), out)
-    expected = _expected_input_gradient(conv, dy, w)
-    np.testing.assert_allclose(out.numpy(), expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+    _check_input_gradient(conv, graph, sch, seed=cout)
