@@ -300,7 +300,8 @@ def schedule_winograd_transform(sch, name: str, block: int, target, point: int =
     width = int(sch.get(lanes).extent)
     chunks, lanes = sch.split(lanes, [None, block if width % block == 0 else width])
     sch.reorder(a, b, c, d, chunks, t, e, lanes)
-    parallel(sch, [a, b, c, d][:balanced(sch, [a, b, c, d], outer, target)], target)
+    spatial = [a, b, c, d]
+    parallel(sch, spatial[:balanced(sch, spatial, outer, target)], target)
     sch.unroll(e)
     sch.vectorize(lanes)
 

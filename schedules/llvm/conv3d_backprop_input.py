@@ -217,8 +217,9 @@ def _schedule_mad(sch, name: str, knobs: Knobs | str, target, w_taps: str = "",
         w_factors = [None, max(1, min(width, knobs.w_tile))]
         h_factors = [None, max(1, min(height, knobs.h_tile))]
         co_factors = [None, _fit(channels, knobs.co_chunk)]
-        # (A chunk of the real output channels, ``live_channels``, may be 8 or 24: the
-        # channels of a C0 block it holds whole.)
+        # A chunk that is not whole C0 blocks (8 or 24 real output channels,
+        # ``live_channels``; a chunk of 8 of 32) unrolls by the channels of a block it
+        # holds whole: an unrolled run then never crosses a block of dy.
         unroll = math.gcd(knobs.co_unroll, co_factors[1])
         if width % w_factors[1] or height % h_factors[1]:
             unroll = 1

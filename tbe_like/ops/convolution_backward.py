@@ -409,13 +409,13 @@ def graph_of(kind: str, conv: kernels.Conv3d, prec: kernels.Precision,
     winograd = target is not None and kernels.winograd_on(target)
     # CPU kernels (``target`` None: the direct form of a CPU kernel) unpack the accumulator
     # and sum an input gradient over the real output channels only.
-    cells = target is None or str(target.kind.name) == "llvm"
+    cpu = target is None or str(target.kind.name) == "llvm"
     if kind == "grad_input":
-        return kernels.grad_input(conv, prec, winograd=winograd, live_channels=cells)
+        return kernels.grad_input(conv, prec, winograd=winograd, live_channels=cpu)
     if kind == "forward":
         return kernels.forward(conv, prec, winograd=winograd)
     return kernels.grad_weight(conv, prec, names=_weight_names(transposed), winograd=winograd,
-                               unpack_cells=cells)
+                               unpack_cells=cpu)
 
 
 def _other_forms(graph: kernels.Graph, kind: str, conv: kernels.Conv3d,
