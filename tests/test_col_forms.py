@@ -77,6 +77,15 @@ CASES = {  # (conv, dtype)
     # cast pass).
     "pointwise-direct": (conv3d(1, 21, (1, 8, 17), 40, (1, 1, 1), pad=0), "float32"),
     "pointwise-direct-bfloat16": (conv3d(1, 16, (2, 8, 8), 24, (1, 1, 1), pad=0), "bfloat16"),
+    # Patch embeddings (``kernels.patch_like``): kernel = stride (2, 4, 4), 3 channels; a
+    # kernel shorter than its stride (positions no tap reaches) with a map the stride does
+    # not divide, float16; dilated taps a stride apart (stride 4, dilation 2: two taps).
+    "patch-2x4x4": (conv3d(1, 3, (4, 8, 12), 16, (2, 4, 4), stride=(2, 4, 4), pad=0),
+                    "float32"),
+    "patch-gaps-float16": (conv3d(1, 8, (5, 7, 9), 16, (1, 2, 2), stride=(2, 3, 3), pad=0),
+                           "float16"),
+    "patch-dilated": (conv3d(1, 8, (3, 8, 9), 16, (1, 2, 2), stride=(1, 4, 4), pad=(0, 1, 1),
+                             dil=(1, 2, 2)), "float32"),
 }
 
 
@@ -174,6 +183,90 @@ def test_random_strided_input_gradients_match_reference(seed):
                   HEURISTIC_LANES[seed % 2], (dy, w))
     np.testing.assert_allclose(dx, dx_want, rtol=0, atol=RTOL["float32"] * np.abs(dx_want).max(),
                                err_msg=str(conv))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_input_gradients_of_any_stride_sum_only_the_taps_that_reach(seed):
+    """The col input gradient on random layers of strides, kernels and dilations up to 5, 5
+    and 3 (taps that reach a position one stride period apart: every tap, some, or one):
+    each position sums ceil(kernel / period) steps of an axis, ``period = stride / gcd(stride,
+    dilation)``, not every tap; against NumPy under the bounds proof, a random vector width."""
+    rng = np.random.default_rng(700 + seed)
+    while True:
+        stride = tuple(int(s) for s in rng.integers(1, 6, 3))
+        kernel = tuple(int(k) for k in rng.integers(1, 6, 3))
+        dil = tuple(int(d) if k > 1 else 1 for d, k in zip(rng.integers(1, 4, 3), kernel,
+                                                               strict=True))
+        pad = tuple(int(rng.integers(0, (k - 1) * d + 1)) for k, d in zip(kernel, dil,
+                                                                          strict=True))
+        spatial = tuple(int(s) * int(rng.integers(1, 3)) + int(rng.integers(0, 3)) + (k - 1) * d
+                        for s, k, d in zip(stride, kernel, dil, strict=True))
+        conv = conv3d(1, int(rng.choice([3, 8, 16])), spatial, int(rng.choice([8, 24])),
+                      kernel, stride=stride, pad=pad, dil=dil)
+        if min(conv.out_spatial) >= 1 and conv.cin * math.prod(kernel) >= 16:
+            break
+    graph = kernels.grad_input_col(conv, kernels.Precision("float32", "float32"))
+    res = next(t for t in _stages(graph.output) if t.op.name == stages.DX_COL_RES)
+    periods = [s // math.gcd(s, d) for s, d in zip(stride, dil, strict=True)]
+    assert [int(r.dom.extent) for r in res.op.reduce_axis] == [
+        -(-k // q) for k, q in zip(kernel, periods, strict=True)]
+    rng_data = np.random.default_rng(seed)
+    x = rng_data.standard_normal(conv.x_shape).astype(np.float32)
+    w = rng_data.standard_normal(conv.w_shape).astype(np.float32)
+    dy = rng_data.standard_normal(conv.y_shape).astype(np.float32)
+    dx_want, _ = _gradients(conv, x, w, dy)
+    dx = run_form(graph, HEURISTIC_LANES[seed % 2], (dy, w))
+    np.testing.assert_allclose(dx, dx_want, rtol=0, atol=RTOL["float32"] * np.abs(dx_want).max(),
+                               err_msg=str(conv))
+
+
+def _stages(tensor):
+    """Every compute stage ``tensor`` depends on, itself included."""
+    seen, todo = {}, [tensor]
+    while todo:
+        t = todo.pop()
+        if isinstance(t.op, te.ComputeOp) and t.op.name not in seen:
+            seen[t.op.name] = t
+            todo.extend(t.op.input_tensors)
+    return list(seen.values())
+
+
+def test_a_patch_embedding_has_the_col_forms_at_any_number_of_positions():
+    """A layer whose taps read each element of x at most once (kernel <= stride / gcd(stride,
+    dilation) on every axis: a patch embedding, a strided pointwise layer) races the col
+    forms past ``COL_MAX_POSITIONS``; its input gradient sums one tap an axis, and its
+    positions unroll no stride phases past ``PHASES_UNROLLED`` (16 x 16 phases made a
+    patch embedding's build take minutes)."""
+    from tbe_like.schedules.llvm.conv3d_backprop_input_col import PHASES_UNROLLED
+
+    patch = conv3d(1, 1, (32, 32, 32), 48, (2, 2, 2), stride=2, pad=0)  # 4096 positions
+    big = conv3d(1, 1, (32, 32, 32), 16, (16, 16, 16), stride=16, pad=0)
+    for conv in (patch, big, conv3d(1, 3, (8, 64, 64), 96, (2, 4, 4), stride=(2, 4, 4), pad=0),
+                 conv3d(1, 8, (8, 20, 20), 16, (1, 2, 2), stride=(1, 4, 4), pad=(0, 1, 1),
+                        dil=(1, 2, 2))):
+        assert kernels.patch_like(conv), conv
+        assert kernels.input_col_applies(conv), conv
+    assert kernels.weight_col_applies(big)
+    assert math.prod(patch.out_spatial) > kernels.COL_MAX_POSITIONS
+    for conv in (conv3d(1, 16, (8, 8, 8), 16, (3, 3, 3), stride=2),  # overlapping taps
+                 conv3d(1, 16, (8, 8, 8), 16, (1, 2, 2), stride=(1, 2, 2), pad=0,
+                        dil=(1, 2, 2))):  # a dilation the stride divides: taps share a phase
+        assert not kernels.patch_like(conv), conv
+    graph = kernels.grad_input_col(big, kernels.Precision("float32", "float32"))
+    res = next(t for t in _stages(graph.output) if t.op.name == stages.DX_COL_RES)
+    assert [int(r.dom.extent) for r in res.op.reduce_axis] == [1, 1, 1]
+    for lanes in HEURISTIC_LANES:
+        sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})),
+                               graph, TARGET, Heuristic(lanes))
+        loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock(stages.DX_COL_RES))]
+        unrolled = [int(loop.extent) for loop in loops if loop.kind == tirx.ForKind.UNROLLED]
+        assert math.prod(unrolled) <= PHASES_UNROLLED
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal(big.w_shape).astype(np.float32)
+    dy = rng.standard_normal(big.y_shape).astype(np.float32)
+    dx_want, _ = _gradients(big, np.zeros(big.x_shape, np.float32), w, dy)
+    dx = run_form(graph, HEURISTIC_LANES[0], (dy, w))
+    np.testing.assert_allclose(dx, dx_want, rtol=0, atol=RTOL["float32"] * np.abs(dx_want).max())
 
 
 TAIL_CASES = {  # (conv, dtype): GEMMs whose rows the register tile's rows do not divide

@@ -79,17 +79,26 @@ def schedule(sch, p: ColInputParams, target, knobs: Heuristic | None = None):
     return sch
 
 
+# Stride phases of D and H :func:`schedule_positions` unrolls, at most (their product): each
+# is a copy of the positions' loops. A patch embedding's 16 x 16 made 256 copies, and its
+# build took minutes (10 s once each position summed only the taps that reach it).
+PHASES_UNROLLED = 4
+
+
 def schedule_positions(sch, res, p: ColInputParams, target) -> None:
     """dX's positions, each summing its taps' cells of ``cols``: (n, ci) in parallel, then
-    the stride phases of D and H where the stride divides them (unrolled), then the planes;
-    (n, ci, d) in parallel where no axis has phases."""
+    the stride phases of D and H where the stride divides them (unrolled, at most
+    ``PHASES_UNROLLED`` of them), then the planes; (n, ci, d) in parallel where no axis has
+    phases."""
     n, ci, d, h, x, *_ = sch.get_loops(res)
     phases, planes = [], []
+    unrolled = 1
     for loop, extent, stride in zip((d, h), p.in_spatial[:2], p.strides[:2], strict=True):
-        if stride > 1 and extent % stride == 0:
+        if 1 < stride and extent % stride == 0 and unrolled * stride <= PHASES_UNROLLED:
             plane, phase = sch.split(loop, [None, stride])
             phases.append(phase)
             planes.append(plane)
+            unrolled *= stride
         else:
             planes.append(loop)
     if not phases:

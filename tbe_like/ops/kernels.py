@@ -836,16 +836,17 @@ COL_MAX_POINTWISE_BYTES = 64 << 20
 
 
 def col_applies(conv: Conv3d, max_positions: int = COL_MAX_POSITIONS,
-                max_bytes: int = COL_MAX_BYTES) -> bool:
+                max_bytes: int = COL_MAX_BYTES, min_columns: int = ROWS_LANES) -> bool:
     """Whether the col forms build ``conv``'s gradients (``grad_input_col``; for the weight
     gradient, :func:`weight_col_applies` extends it): no groups, at most ``max_positions``
     positions, a filter row (Cin*kd*kh*kw) of at least one vector (``ROWS_LANES``), an im2col
-    matrix within ``max_bytes``. The columns past the row's last whole vector are a
+    matrix within ``max_bytes`` (a row of at least ``min_columns``, where the caller says so).
+    The columns past the row's last whole vector are a
     narrower vector of their own (``schedules.llvm.conv3d_backprop_filter_col.schedule_gemm``):
     R(2+1)D's 921 -> 512 temporal layer on 2x4x4, 2763 columns, reads its 5.6 MB filter in
     place instead of packing it."""
     positions, columns = _col_shape(conv)
-    return (conv.groups == 1 and positions <= max_positions and columns >= ROWS_LANES
+    return (conv.groups == 1 and positions <= max_positions and columns >= min_columns
             and 4 * positions * _padded_columns(conv) <= max_bytes)
 
 
@@ -875,17 +876,30 @@ def _transposes_x(conv: Conv3d) -> bool:
     return _plain_pointwise(conv) and conv.cin % 4 == 0
 
 
+def patch_like(conv: Conv3d) -> bool:
+    """Whether no two taps of ``conv``'s filter read the same element of x: along every axis
+    the taps a stride apart from one another's reach (``kernel <= stride / gcd(stride,
+    dilation)``), as in a pointwise layer and a patch embedding (kernel = stride). Its
+    im2col matrix then holds each element of x at most once, and dX is its col form's GEMM
+    result put in place."""
+    return conv.groups == 1 and all(
+        k <= s // math.gcd(s, d)
+        for k, s, d in zip(conv.kernel, conv.strides, conv.dilations, strict=True))
+
+
 def weight_col_applies(conv: Conv3d) -> bool:
     """Whether ``grad_weight_col`` builds ``conv``'s weight gradient: where
     :func:`col_applies`, at any number of positions (``COL_MAX_POINTWISE_POSITIONS``) and
-    within ``COL_MAX_POINTWISE_BYTES`` for a pointwise layer, and at any filter row where x
-    transposed is the im2col matrix
+    within ``COL_MAX_POINTWISE_BYTES`` for a pointwise layer or a patch embedding
+    (:func:`patch_like`), and at any filter row where x transposed is the im2col matrix
     (:func:`_transposes_x`: 8 input channels are one 8-lane tile wide, a GEMM of one
-    narrower vector per row tile)."""
+    narrower vector per row tile). Video Swin's 3 -> 96 patch embedding, kernel = stride =
+    (2, 4, 4) on 8x112x112 (3136 positions; Zen 5, AVX-512, kernels alone): 0.14 ms against
+    the outer-product form's 0.20-0.30."""
     if _transposes_x(conv):
         positions, columns = _col_shape(conv)
         return 4 * positions * columns <= COL_MAX_POINTWISE_BYTES
-    if tuple(conv.kernel) == (1, 1, 1):
+    if patch_like(conv):
         return col_applies(conv, COL_MAX_POINTWISE_POSITIONS, COL_MAX_POINTWISE_BYTES)
     return col_applies(conv)
 
@@ -913,11 +927,20 @@ def direct_dx(conv: Conv3d) -> bool:
             and per_image % DIRECT_LANES == 0)
 
 
+# The filter row (Cin * taps) a patch embedding's col input gradient needs, at least: one
+# 8-lane vector (a 16-lane tile of it is one narrower vector). SwinUNETR's 1 -> 48 2x2x2
+# patch embedding (8 columns) on 32x32x32, Zen 5, kernels alone: 0.063 ms (8 lanes), 0.067
+# (16), against the packed form's 0.10.
+PATCH_MIN_COLUMNS = 8
+
+
 def input_col_applies(conv: Conv3d) -> bool:
     """Whether ``grad_input_col`` builds ``conv``'s input gradient: where :func:`col_applies`,
-    and at any number of positions for a strided pointwise layer, whose dX is its GEMM's
-    result spread over one stride phase and zeros elsewhere (R(2+1)D's stride-2 64 -> 128
-    shortcut on 8x28x28, 784 positions: 0.10 ms against the packed form's 0.14, Zen 4), and
+    and at any number of positions for a strided pointwise layer or a patch embedding
+    (:func:`patch_like`), whose dX is its GEMM's result put in place and zeros elsewhere
+    (R(2+1)D's stride-2 64 -> 128 shortcut on 8x28x28, 784 positions: 0.10 ms against the
+    packed form's 0.14, Zen 4; SwinUNETR's 1 -> 48 2x2x2 patch embedding on 32x32x32, 4096
+    positions, 0.063 against 0.103, Zen 5, AVX-512), and
     for a pointwise layer of stride 1 whose dX is the GEMM's result transposed in register
     tiles (:func:`_transposes_dx`), within ``COL_MAX_POINTWISE_BYTES``. Transposed
     element by element, that dX lost to the packed and rows forms; in tiles, X3D-M's 96 -> 216
@@ -929,8 +952,9 @@ def input_col_applies(conv: Conv3d) -> bool:
     if _transposes_dx(conv):
         cols = 4 * conv.batch * math.prod(conv.in_spatial) * conv.cin
         return cols <= COL_MAX_POINTWISE_BYTES
-    if tuple(conv.kernel) == (1, 1, 1) and math.prod(conv.strides) > 1:
-        return col_applies(conv, COL_MAX_POINTWISE_POSITIONS, COL_MAX_POINTWISE_BYTES)
+    if patch_like(conv) and math.prod(conv.strides) > 1:
+        return col_applies(conv, COL_MAX_POINTWISE_POSITIONS, COL_MAX_POINTWISE_BYTES,
+                           PATCH_MIN_COLUMNS)
     return col_applies(conv)
 
 
@@ -1053,6 +1077,57 @@ def _im2col(conv: Conv3d, x: te.Tensor, dtype: str) -> te.Tensor:
                       tag=stages.tag(FILTER_COL_OP, "x"))
 
 
+@dataclass(frozen=True)
+class _AxisTaps:
+    """The taps of one axis of a filter that reach an input position ``i``, for the col
+    input gradient's sum over them (``stages.DX_COL_RES``). Tap ``a`` reaches ``i`` from dy
+    row ``(i + pad - a*dilation) / stride`` where that divides and is a row of dy: with
+    ``u = i + pad`` and ``g = gcd(stride, dilation)``, ``u % g == 0`` and ``a`` runs over one
+    residue modulo ``stride / g``, at most ``steps`` taps. Summing over every tap instead, each
+    position tested all ``kernel`` of them, and a patch embedding's 16 x 16 x 16 taps (one of
+    which reaches each position) made its dX 16 ms (PyTorch: 1 ms) and its build minutes."""
+
+    kernel: int
+    stride: int
+    dilation: int
+    pad: int
+    rows: int  # dy's extent along the axis
+
+    @property
+    def period(self) -> int:
+        """Taps between two that reach the same position: ``stride / g``."""
+        return self.stride // math.gcd(self.stride, self.dilation)
+
+    @property
+    def steps(self) -> int:
+        return -(-self.kernel // self.period)
+
+    def reach(self, i, j):
+        """(tap, dy row, whether it reaches) of step ``j`` at position ``i``; the tap and the
+        row clamped into range where it does not reach. Where each step is a tap of its own
+        (``period`` 1, or one tap), the test is whether the stride divides the offset, as
+        for a sum over every tap (fewer operations a position than solving for the first)."""
+        u = i + self.pad
+        period = self.period
+        every = period == 1 or self.kernel == 1
+        if every:
+            tap = j
+        else:  # the first tap: a * (dilation/g) == u/g (mod period), by the inverse
+            g = math.gcd(self.stride, self.dilation)
+            tap = (u // g * pow(self.dilation // g, -1, period)) % period + j * period
+        offset = u - tap * self.dilation  # stride * row where the tap reaches
+        row = offset // self.stride
+        ok = [offset >= 0, row < self.rows]
+        if every:
+            ok.append(offset % self.stride == 0)
+        else:
+            ok.append(tap < self.kernel)
+            if self.stride != period:  # g > 1
+                ok.append(u % (self.stride // period) == 0)
+        return (tirx.min(tap, self.kernel - 1), tirx.max(tirx.min(row, self.rows - 1), 0),
+                tirx.all(*ok))
+
+
 def grad_input_col(conv: Conv3d, prec: Precision,
                    names=("grad_output", "weight", "grad_input")) -> Graph:
     """dX of a layer of few positions (:func:`col_applies`) as one GEMM into dX's im2col
@@ -1076,8 +1151,6 @@ def grad_input_col(conv: Conv3d, prec: Precision,
     w = _placeholder((conv.cout, columns), names[1], prec.dtype)
     panel = _filter_panel(w)
     convert = prec.convert()
-    (sd, sh, sw), (dd, dh, dw) = conv.strides, conv.dilations
-    front, top, left = conv.pads[0], conv.pads[2], conv.pads[4]
     do, ho, wo = conv.out_spatial
     rco = te.reduce_axis((0, conv.cout), name="co")
 
@@ -1089,22 +1162,21 @@ def grad_input_col(conv: Conv3d, prec: Precision,
 
     cols = te.compute((positions, columns), col_body, name=stages.DX_COL,
                       tag=stages.tag(INPUT_COL_OP, "gemm"))
-    kd, kh, kw = conv.kernel
-    ra = te.reduce_axis((0, kd), name="a")
-    rb = te.reduce_axis((0, kh), name="b")
-    rc = te.reduce_axis((0, kw), name="c")
+    axes = [_AxisTaps(*spec) for spec in zip(conv.kernel, conv.strides, conv.dilations,
+                                              conv.pads[::2], conv.out_spatial, strict=True)]
+    steps = [te.reduce_axis((0, axis.steps), name=name)
+             for axis, name in zip(axes, "abc", strict=True)]
     zero = tirx.const(0, ACC_DTYPE)
 
     def res_body(n, ci, d, h, x):
-        # The dy position that tap (a, b, c) of position (d, h, x) comes from, if any.
-        pd_, ph_, pw_ = d + front - ra * dd, h + top - rb * dh, x + left - rc * dw
-        od, oh, ow = pd_ // sd, ph_ // sh, pw_ // sw
-        valid = tirx.all(pd_ >= 0, pd_ % sd == 0, od < do, ph_ >= 0, ph_ % sh == 0, oh < ho,
-                         pw_ >= 0, pw_ % sw == 0, ow < wo)
-        m = ((n * do + tirx.max(tirx.min(od, do - 1), 0)) * ho
-             + tirx.max(tirx.min(oh, ho - 1), 0)) * wo + tirx.max(tirx.min(ow, wo - 1), 0)
-        return te.sum(tirx.if_then_else(valid, cols[m, _col_column(conv, ci, ra, rb, rc)],
-                                         zero), axis=[ra, rb, rc])
+        # Step j of each axis: the j-th tap that reaches the position, and the dy row it
+        # comes from (:class:`_AxisTaps`).
+        reach = [axis.reach(i, j) for axis, i, j in zip(axes, (d, h, x), steps, strict=True)]
+        (a, od), (b, oh), (c, ow) = ((tap, row) for tap, row, _ in reach)
+        valid = tirx.all(*(ok for _, _, ok in reach))
+        m = ((n * do + od) * ho + oh) * wo + ow
+        value = tirx.if_then_else(valid, cols[m, _col_column(conv, ci, a, b, c)], zero)
+        return te.sum(value, axis=steps)
 
     acc = te.compute(conv.x_shape, res_body, name=stages.DX_COL_RES,
                      tag=stages.tag(INPUT_COL_OP, "res"))
