@@ -268,9 +268,14 @@ def test_the_rules_declare_the_padded_rows_they_read():
     stem = conv3d(1, 3, (4, 10, 12), 8, (3, 5, 5), stride=(1, 2, 2), pad=(1, 2, 2))
     assert _declared(kernels.grad_weight_rows(stem, prec), target) == {
         ("dw_rows_x", "2", "1", "5", "3", "2", "12")}
+    # (D's alone where a tile takes several kernel rows: AVX-512's 16-lane tile of one block
+    # by 5 columns takes 5 rows, ``rows_tile``; its 8-lane one, 2 vectors by 5, one row.)
     wide_stem = conv3d(1, 3, (4, 10, 12), 16, (3, 5, 5), stride=(1, 2, 2), pad=(1, 2, 2))
+    from tbe_like.target import vector_registers
+
+    rows_tiled = {("dw_outer_x", "2", "1", "5")} if vector_registers(target) == 32 else set()
     assert _declared(kernels.grad_weight_outer(wide_stem, prec), target) == {
-        ("dw_outer_x", "2", "1", "5", "3", "2", "12")}
+        ("dw_outer_x", "2", "1", "5", "3", "2", "12"), *rows_tiled}
     flat = conv3d(1, 16, (4, 6, 8), 16, (1, 1, 3), pad=(0, 0, 1))
     assert _declared(kernels.grad_weight(flat, prec, unpack_cells=True), target) == {
         ("dw_fmap_pad", "4", "1", "9")}

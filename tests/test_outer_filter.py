@@ -74,6 +74,20 @@ def test_the_tile_fits_the_registers():
         assert cv % vectors == 0 or vectors % cv == 0
 
 
+def test_a_tile_of_few_accumulators_takes_kernel_rows():
+    """Below ``LATENCY_ACCUMULATORS`` a tile takes the most kernel rows (a divisor of them)
+    whose accumulators, dy vectors and broadcast fit; at or above it, one row."""
+    assert rule.rows_tile(1, 5, 5, 32) == 5  # V-Net's input layer: 25 + 1 + 1
+    assert rule.rows_tile(2, 3, 3, 32) == 3  # 32 output channels, 3 taps: 18 + 2 + 1
+    assert rule.rows_tile(1, 7, 7, 32) == 1  # 49 accumulators do not fit, 7 rows no fewer
+    assert rule.rows_tile(1, 5, 5, 16) == 1  # AVX2: 25 do not fit
+    assert rule.rows_tile(2, 3, 4, 16) == 2  # 12 + 2 + 1
+    assert rule.rows_tile(2, 7, 7, 32) == 1  # 14 accumulators: enough chains
+    for cv, kw, rows, registers in [(1, 5, 5, 32), (2, 3, 3, 32), (1, 3, 6, 16), (1, 1, 7, 8)]:
+        kh = rule.rows_tile(cv, kw, rows, registers)
+        assert rows % kh == 0 and (kh == 1 or cv * kw * kh + cv + 1 <= registers)
+
+
 def test_which_layers_have_the_form():
     prec = kernels.Precision("float32", "float32")
     stem = conv3d(1, 3, (4, 16, 16), 16, (3, 7, 7), stride=2, pad=3)
