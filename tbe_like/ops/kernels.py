@@ -878,10 +878,10 @@ def _transposes_x(conv: Conv3d) -> bool:
 
 def patch_like(conv: Conv3d) -> bool:
     """Whether no two taps of ``conv``'s filter read the same element of x: along every axis
-    the taps a stride apart from one another's reach (``kernel <= stride / gcd(stride,
-    dilation)``), as in a pointwise layer and a patch embedding (kernel = stride). Its
-    im2col matrix then holds each element of x at most once, and dX is its col form's GEMM
-    result put in place."""
+    at most one tap reaches a position (``kernel <= stride / gcd(stride, dilation)``, the
+    taps' period, :class:`_AxisTaps`), as in a pointwise layer and a patch embedding (kernel
+    = stride). Its im2col matrix then holds each element of x at most once, and dX is its
+    col form's GEMM result put in place."""
     return conv.groups == 1 and all(
         k <= s // math.gcd(s, d)
         for k, s, d in zip(conv.kernel, conv.strides, conv.dilations, strict=True))
