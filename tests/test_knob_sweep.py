@@ -466,10 +466,12 @@ def test_the_operator_races_the_temporal_form(measuring):
     executor = ops.prepare_convolution_backward(dy, x, w, bias_sizes=None, **geometry)
     times = executor.kernels["grad_input"].metadata["para_dict"]["selection"]["times_ms"]
     temporal = [n for n in times if n.startswith("temporal: ")]
-    # Both widths, the blocked tile where it differs (40 channels: 3 blocks), and (a small
-    # kernel) the row-by-row schedule built for one core.
-    assert len([n for n in temporal if not n.endswith(kernels.ONE_CORE_SUFFIX)]) == len(
-        HEURISTIC_LANES) + 1
+    # Both widths, the blocked tile where it differs (40 channels: 3 blocks; on AVX2 the
+    # 16-lane tile is the blocked one's schedule, compiled once), and (a small kernel) the
+    # row-by-row schedule built for one core.
+    several = [n for n in temporal if not n.endswith(kernels.ONE_CORE_SUFFIX)]
+    assert len(HEURISTIC_LANES) <= len(several) <= len(HEURISTIC_LANES) + 1, several
+    assert all(any(f"lanes={lanes}," in n for n in several) for lanes in HEURISTIC_LANES)
     assert all("rows=True" in n for n in temporal), temporal
     want = ref.convolution_backward(dy.astype(np.float64), x.astype(np.float64),
                                     w.astype(np.float64), **geometry)[0]

@@ -14,7 +14,7 @@ from tbe_like import stages
 from tbe_like._tvm import IRModule, Target, s_tir, tvm
 from tbe_like.bounds import compile_checked
 from tbe_like.ops import kernels
-from tbe_like.target import host_target
+from tbe_like.target import host_target, vector_registers
 from tbe_like.testing import reference as ref
 
 F32 = kernels.Precision("float32", "float32")
@@ -172,7 +172,10 @@ def test_weight_gradient_many_channels_split_the_channels():
 @pytest.mark.parametrize("name, conv, in_steps", [
     ("4-positions", conv3d(1, 64, (1, 2, 2), 256, (1, 1, 1), pad=0), True),
     ("stride2", conv3d(2, 64, (2, 7, 7), 96, (1, 1, 1), stride=2, pad=0), True),
-    ("cin40", conv3d(2, 40, (2, 7, 7), 96, (1, 1, 1), stride=2, pad=0), True),
+    # 40 input channels (not whole C0 blocks): placed in steps where the tile holds every
+    # block (AVX-512's); AVX2's tile of one block leaves an index TVM cannot invert under
+    # the step, and the result keeps its own pass (``schedules.layout``).
+    ("cin40", conv3d(2, 40, (2, 7, 7), 96, (1, 1, 1), stride=2, pad=0), "avx512"),
     ("k133-late-stage", conv3d(1, 128, (1, 3, 3), 128, (1, 3, 3)), True),
     ("k333-groups2", conv3d(1, 128, (2, 2, 3), 128, (3, 3, 3), groups=2), True),
     ("196-positions", conv3d(1, 64, (4, 7, 7), 64, (1, 1, 1), pad=0), False),
@@ -187,7 +190,10 @@ def test_weight_gradient_of_few_positions_unpacks_in_steps(name, conv, in_steps,
 
     graph = kernels.grad_weight(conv, F32, unpack_cells=True)
     sch = _scheduled(graph, None if whole is None else Heuristic(16, False, whole=True))
-    in_steps = in_steps or bool(whole)
+    if in_steps == "avx512":
+        in_steps = vector_registers(TWO_CORES) == 32
+    else:
+        in_steps = in_steps or bool(whole)
     blocks = _blocks(sch)
     out = next(v for k, v in blocks.items() if k.startswith(stages.LAYOUT_OUT))
     mad = blocks[stages.DW_MAD + "_update"]
