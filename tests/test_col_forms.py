@@ -156,6 +156,16 @@ def test_the_positions_run_one_stride_phase_at_a_time(name, phases):
     assert len(unrolled) == phases and all(int(loop.extent) == 2 for loop in unrolled)
 
 
+def _random_taps(rng, stride: int, kernel: int, dilation: int):
+    """(strides, kernel, dilations) drawn from ``rng``, each axis at most the given value (an
+    axis of one tap not dilated)."""
+    strides = tuple(int(s) for s in rng.integers(1, stride + 1, 3))
+    kernels = tuple(int(k) for k in rng.integers(1, kernel + 1, 3))
+    dilations = tuple(int(d) if k > 1 else 1
+                      for d, k in zip(rng.integers(1, dilation + 1, 3), kernels, strict=True))
+    return strides, kernels, dilations
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_random_strided_input_gradients_match_reference(seed):
     """The col input gradient on random strided layers (strides 1-3 per axis, extents that the
@@ -163,10 +173,7 @@ def test_random_strided_input_gradients_match_reference(seed):
     stride divides the axis, against NumPy under the bounds proof, a random vector width."""
     rng = np.random.default_rng(300 + seed)
     while True:
-        stride = tuple(int(s) for s in rng.integers(1, 4, 3))
-        kernel = tuple(int(k) for k in rng.integers(1, 4, 3))
-        dil = tuple(int(d) if k > 1 else 1 for d, k in zip(rng.integers(1, 3, 3), kernel,
-                                                               strict=True))
+        stride, kernel, dil = _random_taps(rng, 3, 3, 2)
         pad = tuple(int(rng.integers(0, k)) for k in kernel)
         spatial = tuple(int(s) * int(rng.integers(1, 4)) + int(rng.integers(0, 2)) + 2
                         for s in stride)
@@ -193,10 +200,7 @@ def test_input_gradients_of_any_stride_sum_only_the_taps_that_reach(seed):
     dilation)``, not every tap; against NumPy under the bounds proof, a random vector width."""
     rng = np.random.default_rng(700 + seed)
     while True:
-        stride = tuple(int(s) for s in rng.integers(1, 6, 3))
-        kernel = tuple(int(k) for k in rng.integers(1, 6, 3))
-        dil = tuple(int(d) if k > 1 else 1 for d, k in zip(rng.integers(1, 4, 3), kernel,
-                                                               strict=True))
+        stride, kernel, dil = _random_taps(rng, 5, 5, 3)
         pad = tuple(int(rng.integers(0, (k - 1) * d + 1)) for k, d in zip(kernel, dil,
                                                                           strict=True))
         spatial = tuple(int(s) * int(rng.integers(1, 3)) + int(rng.integers(0, 3)) + (k - 1) * d
