@@ -210,7 +210,7 @@ def test_input_gradients_of_any_stride_sum_only_the_taps_that_reach(seed):
         if min(conv.out_spatial) >= 1 and conv.cin * math.prod(kernel) >= 16:
             break
     graph = kernels.grad_input_col(conv, kernels.Precision("float32", "float32"))
-    res = next(t for t in _stages(graph.output) if t.op.name == stages.DX_COL_RES)
+    res = stages.stage_tensors(graph.output)[stages.DX_COL_RES]
     periods = [s // math.gcd(s, d) for s, d in zip(stride, dil, strict=True)]
     assert [int(r.dom.extent) for r in res.op.reduce_axis] == [
         -(-k // q) for k, q in zip(kernel, periods, strict=True)]
@@ -222,17 +222,6 @@ def test_input_gradients_of_any_stride_sum_only_the_taps_that_reach(seed):
     dx = run_form(graph, HEURISTIC_LANES[seed % 2], (dy, w))
     np.testing.assert_allclose(dx, dx_want, rtol=0, atol=RTOL["float32"] * np.abs(dx_want).max(),
                                err_msg=str(conv))
-
-
-def _stages(tensor):
-    """Every compute stage ``tensor`` depends on, itself included."""
-    seen, todo = {}, [tensor]
-    while todo:
-        t = todo.pop()
-        if isinstance(t.op, te.ComputeOp) and t.op.name not in seen:
-            seen[t.op.name] = t
-            todo.extend(t.op.input_tensors)
-    return list(seen.values())
 
 
 def test_a_patch_embedding_has_the_col_forms_at_any_number_of_positions():
@@ -257,7 +246,7 @@ def test_a_patch_embedding_has_the_col_forms_at_any_number_of_positions():
                         dil=(1, 2, 2))):  # a dilation the stride divides: taps share a phase
         assert not kernels.patch_like(conv), conv
     graph = kernels.grad_input_col(big, kernels.Precision("float32", "float32"))
-    res = next(t for t in _stages(graph.output) if t.op.name == stages.DX_COL_RES)
+    res = stages.stage_tensors(graph.output)[stages.DX_COL_RES]
     assert [int(r.dom.extent) for r in res.op.reduce_axis] == [1, 1, 1]
     for lanes in HEURISTIC_LANES:
         sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})),

@@ -93,10 +93,10 @@ def schedule(sch, p: OuterFilterParams, target, knobs: Heuristic | None = None):
     outer = sch.get_sblock(stages.DW_OUTER)
     co, ci, kd, kh, kw, v, n, do, ho, wo = sch.get_loops(outer)
     vectors = p.block // lanes
-    tile_vectors, kw_tile = tile(-(-p.cout // p.block), p.kernel[2], vectors,
-                                 tile_registers(target, lanes))
+    registers = tile_registers(target, lanes)
+    tile_vectors, kw_tile = tile(-(-p.cout // p.block), p.kernel[2], vectors, registers)
+    kh_tile = rows_tile(tile_vectors, kw_tile, p.kernel[1], registers)
     # Whole blocks, or part of one: the block's other vectors are then tiles of their own (v_a).
-    kh_tile = rows_tile(tile_vectors, kw_tile, p.kernel[1], tile_registers(target, lanes))
     co_tile, v_tile = max(1, tile_vectors // vectors), min(tile_vectors, vectors)
     co_o, co_i = sch.split(co, [None, co_tile])
     kh_o, kh_i = sch.split(kh, [None, kh_tile])

@@ -252,6 +252,13 @@ class AxisPhase:
         return runs
 
 
+def tap_period(stride: int, dilation: int) -> int:
+    """Taps between two that reach the same input row along an axis: ``stride / gcd(stride,
+    dilation)``. A kernel of at most this many taps reaches each row with one tap at most
+    (patch embeddings, strided pointwise layers)."""
+    return stride // math.gcd(stride, dilation)
+
+
 def axis_phases(size: int, kernel: int, stride: int, dilation: int, pad: int) -> list[AxisPhase]:
     """The phases of one axis that some tap reaches, in increasing ``r``.
 
@@ -287,7 +294,7 @@ def axis_groups(size: int, kernel: int, stride: int, dilation: int, pad: int,
     ``dy_size``, a group's rows stop at the last one that reads a dy row (the rows past the
     last patch get no product, and need no padding of dy).
     """
-    if stride == 1 or kernel > stride // math.gcd(stride, dilation):
+    if stride == 1 or kernel > tap_period(stride, dilation):
         return None
     groups: list[AxisPhase] = []
     for a in range(kernel):

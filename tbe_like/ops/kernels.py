@@ -26,7 +26,7 @@ from .. import bounds, compute, stages
 from .._tvm import IRModule, Target, te, tirx, tvm
 from ..bounds import compile_checked
 from ..compute import layout as lt
-from ..compute.conv3d_backprop_input import conv3d_forward, result_periods
+from ..compute.conv3d_backprop_input import conv3d_forward, result_periods, tap_period
 from ..groups import GroupInfo, group_info
 from ..kernel import Kernel, TensorSpec, export_kernel
 from ..lowering import source_rows
@@ -883,7 +883,7 @@ def patch_like(conv: Conv3d) -> bool:
     = stride). Its im2col matrix then holds each element of x at most once, and dX is its
     col form's GEMM result put in place."""
     return conv.groups == 1 and all(
-        k <= s // math.gcd(s, d)
+        k <= tap_period(s, d)
         for k, s, d in zip(conv.kernel, conv.strides, conv.dilations, strict=True))
 
 
@@ -939,8 +939,7 @@ def input_col_applies(conv: Conv3d) -> bool:
     and at any number of positions for a strided pointwise layer or a patch embedding
     (:func:`patch_like`), whose dX is its GEMM's result put in place and zeros elsewhere
     (R(2+1)D's stride-2 64 -> 128 shortcut on 8x28x28, 784 positions: 0.10 ms against the
-    packed form's 0.14, Zen 4; SwinUNETR's 1 -> 48 2x2x2 patch embedding on 32x32x32, 4096
-    positions, 0.063 against 0.103, Zen 5, AVX-512), and
+    packed form's 0.14, Zen 4; SwinUNETR's patch embedding: ``PATCH_MIN_COLUMNS``), and
     for a pointwise layer of stride 1 whose dX is the GEMM's result transposed in register
     tiles (:func:`_transposes_dx`), within ``COL_MAX_POINTWISE_BYTES``. Transposed
     element by element, that dX lost to the packed and rows forms; in tiles, X3D-M's 96 -> 216
@@ -1095,8 +1094,8 @@ class _AxisTaps:
 
     @property
     def period(self) -> int:
-        """Taps between two that reach the same position: ``stride / g``."""
-        return self.stride // math.gcd(self.stride, self.dilation)
+        """Taps between two that reach the same position (``tap_period``)."""
+        return tap_period(self.stride, self.dilation)
 
     @property
     def steps(self) -> int:
@@ -1109,11 +1108,11 @@ class _AxisTaps:
         for a sum over every tap (fewer operations a position than solving for the first)."""
         u = i + self.pad
         period = self.period
+        g = self.stride // period  # gcd(stride, dilation)
         every = period == 1 or self.kernel == 1
         if every:
             tap = j
         else:  # the first tap: a * (dilation/g) == u/g (mod period), by the inverse
-            g = math.gcd(self.stride, self.dilation)
             tap = (u // g * pow(self.dilation // g, -1, period)) % period + j * period
         offset = u - tap * self.dilation  # stride * row where the tap reaches
         row = offset // self.stride
@@ -1122,8 +1121,8 @@ class _AxisTaps:
             ok.append(offset % self.stride == 0)
         else:
             ok.append(tap < self.kernel)
-            if self.stride != period:  # g > 1
-                ok.append(u % (self.stride // period) == 0)
+            if g > 1:
+                ok.append(u % g == 0)
         return (tirx.min(tap, self.kernel - 1), tirx.max(tirx.min(row, self.rows - 1), 0),
                 tirx.all(*ok))
 
