@@ -30,7 +30,10 @@ class Heuristic:
     lies and writing the row out while it is in cache (``None``: stage by stage); ``stream``
     makes an input gradient of one reduction flip its filter a chunk of output channels at a
     time inside that reduction, which then reads the user's filter once and keeps only a
-    chunk's flipped copy, in cache (``None``: the whole flipped filter materialized first).
+    chunk's flipped copy, in cache (``None``: the whole flipped filter materialized first);
+    ``fused`` makes an input gradient compute one channel block's every reduction (each stride
+    phase), its result and its unpacking inside one parallel task, one wake of the workers
+    instead of one per stage (``None``: stage by stage).
 
     A rule called without knobs uses ``Heuristic(<the target's lanes>)``. The rules'
     ``candidates`` are the few heuristics that measured selection (``tbe_like.tune``) times on
@@ -47,6 +50,7 @@ class Heuristic:
     gemm: bool | None = None
     rows: bool | None = None
     stream: bool | None = None
+    fused: bool | None = None
 
     def __str__(self) -> str:  # the fields that are set: how selections name their choice
         fields = ", ".join(f"{k}={v}" for k, v in vars(self).items() if v is not None)

@@ -82,7 +82,8 @@ def schedule_layout_stages(sch, target, row_periods=None, filter_c0: int | None 
             else:
                 fuse_parallel_vectorize(sch, name, 2, target)
         elif name.startswith(stages.LAYOUT_OUT_NCDHW) and row_periods is not None:
-            _unpack_rows(sch, sch.get_sblock(name), row_periods[2], target)
+            if not _placed(sch, sch.get_sblock(name)):  # (else in its rule's block tasks)
+                _unpack_rows(sch, sch.get_sblock(name), row_periods[2], target)
         elif name.startswith(stages.LAYOUT_OUT):
             block = sch.get_sblock(name)
             for producer in sch.get_producers(block):

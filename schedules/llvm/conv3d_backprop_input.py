@@ -47,11 +47,13 @@ from tbe_like.params import INPUT_OP, BackpropInputParams
 from tbe_like.target import vector_lanes
 
 from ..common import (
+    BUSY_SHARE,
     HEURISTIC_LANES,
     SAMPLE,
     Heuristic,
     balanced,
     block_names,
+    busy,
     divisors,
     fewest_loads_tile,
     flatten_init,
@@ -61,6 +63,7 @@ from ..common import (
     schedule_winograd_transform,
     skip_padding,
     tile_registers,
+    vectorize,
 )
 from ..registry import register
 
@@ -181,8 +184,10 @@ _SPATIAL = 0  # IterVar.DataPar
 
 def _mad_loops(sch, mad):
     """The loops of a reduction as (n, d, cb, h, e, w, ci0, co, a, b, c): ``e`` (the Winograd
-    point, whose ``w`` are tiles) or ``c`` (the W taps of a direct correlation) is None."""
+    point, whose ``w`` are tiles) or ``c`` (the W taps of a direct correlation) is None. (A
+    reduction placed in a channel block's task, :func:`_block_tasks`, has that loop above.)"""
     loops = sch.get_loops(mad)
+    loops = loops[len(loops) - len(sch.get(mad).iter_vars):]
     if sum(int(iv.iter_type) == _SPATIAL for iv in sch.get(mad).iter_vars) == 7:
         n, d, cb, h, e, w, ci0, co, a, b = loops
         return n, d, cb, h, e, w, ci0, co, a, b, None
@@ -198,12 +203,14 @@ def _extents(sch, mad) -> tuple[int, int, int]:
 
 
 def _schedule_mad(sch, name: str, knobs: Knobs | str, target, w_taps: str = "",
-                  streamed: bool = False):
+                  streamed: bool = False, task=None):
     """Tile and order a reduction (see the module's doc). ``w_taps``: its W taps unrolled,
     around the chunk's channel loop (``"outer"``) or inside it (``"inner"``); see
     :func:`w_taps`. ``streamed``: the order of :func:`_schedule_streamed` (the channel blocks
     the only parallel loop, the batch and every D row inside each chunk of output channels).
-    Returns the loop over the chunks."""
+    ``task``: the reduction is placed in a channel block's task (:func:`_block_tasks`); its
+    rows (n, d) go around the chunks, and nothing of it is parallel. Returns the loop over the
+    chunks."""
     threads = num_threads(target)
     mad = sch.get_sblock(name)
     n, d, cb, h, e, w, ci0, co, a, b, c = _mad_loops(sch, mad)
@@ -234,7 +241,9 @@ def _schedule_mad(sch, name: str, knobs: Knobs | str, target, w_taps: str = "",
     # taps inside the tile, so that a tile is stored once a chunk, ran 10-20% slower: the tile
     # then reads 3 dy planes.)
     outer = [loop for loop in (n, d, e) if loop is not None]
-    if streamed:
+    if task is not None:
+        outer = []
+    elif streamed:
         outer = [cb]
     elif math.prod(int(sch.get(loop).extent) for loop in outer) < TASKS_PER_THREAD * threads:
         outer = [cb, n, d, *outer[2:]]  # the blocks as parallel tasks too
@@ -245,9 +254,12 @@ def _schedule_mad(sch, name: str, knobs: Knobs | str, target, w_taps: str = "",
     inner = [*chunk, h_o, w_o, *taps, co_u, cb_i, h_i, w_i, ci0]
     if streamed:
         inner = [co_o, *inner]
-    order = outer + [loop for loop in inner if loop is not None and loop not in outer]
+    rows = [loop for loop in (n, d, e) if loop is not None] if task is not None else []
+    order = rows + outer + [loop for loop in inner
+                            if loop is not None and loop not in outer + rows]
     sch.reorder(*order)
-    parallel(sch, outer, target)
+    if outer:
+        parallel(sch, outer, target)
     sch.vectorize(ci0)
     sch.unroll(cb_i)
     sch.unroll(h_i)
@@ -256,7 +268,7 @@ def _schedule_mad(sch, name: str, knobs: Knobs | str, target, w_taps: str = "",
     if w_taps:
         sch.unroll(c)
     flatten_init(sch, sch.decompose_reduction(mad, co_o if streamed else a),
-                 int(sch.get(ci0).extent))
+                 int(sch.get(ci0).extent), outer=1 + len(rows))
     return co_o
 
 
@@ -469,6 +481,93 @@ def _schedule_streamed(sch, p: BackpropInputParams, knobs: Heuristic, target):
     return sch
 
 
+def _task_blocks(p: BackpropInputParams, knobs: Heuristic, target) -> int:
+    """The input-channel blocks of a task of :func:`_block_tasks`: one, or for a GEMM tile
+    (``knobs.gemm``), the most of a group's blocks (a divisor, at most ``GEMM_BLOCKS``) that
+    leave enough tasks to keep the threads busy."""
+    g = p.geometry.group
+    if not knobs.gemm:
+        return 1
+    threads = num_threads(target)
+    tasks = p.geometry.batch * g.real_g * g.cin1_g
+    return max(k for k in divisors(g.cin1_g)
+               if k == 1 or (k <= GEMM_BLOCKS and busy(tasks // k, threads) >= BUSY_SHARE))
+
+
+def _block_tasks(sch, p: BackpropInputParams, names: list[str], target, per_task: int = 1):
+    """The loop over (image, ``per_task`` input-channel blocks) tasks that computes, per task,
+    the blocks' every reduction (each stride phase and D run, tiled by :func:`_schedule_mad`),
+    their result (``dx_res``) and, where the kernel unpacks it to NCDHW, their channels out::
+
+        parallel over (n, input-channel blocks)
+          every reduction of the block        (its rows, then as the module's doc says)
+          for d, h                            a row of the result in a buffer (C0 vectorized,
+            the block's C0 channels out        W split by the stride and unrolled: which phase
+                                               a column reads is known), then written out
+
+    Stage by stage, each reduction is a parallel loop of its own, and each parallel loop wakes
+    the workers (10-20 us on the VMs measured, ``common.PARALLEL_MIN_ITERATIONS``): a stride-2
+    3x3x3 input gradient of odd D has 12 reductions (8 phases, the odd ones' D border runs)
+    and ran 15 parallel loops. Each channel block's result is also written out while in cache,
+    C0 rows of D*H*W contiguous values. None where it does not apply: a Winograd reduction, a
+    folded phase (its reduction holds several blocks' lanes), other consumers of the result,
+    or fewer tasks than keep the threads busy (:data:`common.BUSY_SHARE`)."""
+    threads = num_threads(target)
+    res = sch.get_sblock(stages.DX_RES)
+    blocks = int(sch.get(sch.get_loops(res)[2]).extent)
+    per_task = per_task if blocks % per_task == 0 else 1
+    tasks = p.geometry.batch * blocks // per_task
+    mads = [sch.get_sblock(n) for n in names if n.startswith(stages.DX_MAD)]
+    consumers = sch.get_consumers(res)
+    unpacked = [c for c in consumers
+                if sch.get(c).name_hint.startswith(stages.LAYOUT_OUT_NCDHW)]
+    if (stages.DX_WINO_DY in names or threads < 2 or busy(tasks, threads) < BUSY_SHARE
+            or any(int(sch.get(_mad_loops(sch, mad)[2]).extent) != blocks for mad in mads)
+            or len(unpacked) != len(consumers) or len(consumers) > 1):
+        return None
+    period = p.geometry.strides[2]
+    c0 = p.geometry.c0
+    if consumers:
+        out = consumers[0]
+        n, c, d, h, w = sch.get_loops(out)
+        c1, cb, ci = sch.split(c, [None, per_task, c0])
+        sch.reorder(n, c1, cb, d, h, ci, w)
+        task = sch.fuse(n, c1)
+        row = sch.fuse(d, h)
+        vectorize(sch, w)
+        sch.compute_at(res, row)
+        columns, lanes = sch.get_loops(res)[-2:]  # (a loop of one block and one row each)
+    else:  # the packed result is the kernel's output
+        n, d, c1, hw, ci = sch.get_loops(res)
+        c1, cb = sch.split(c1, [None, per_task])
+        sch.reorder(n, c1, cb, d, hw, ci)
+        task = sch.fuse(n, c1)
+        columns, lanes = hw, ci
+    width = p.geometry.in_spatial[2]
+    if period > 1 and int(sch.get(columns).extent) % period == 0 and width % period == 0:
+        _, phase = sch.split(columns, [None, period])
+        sch.unroll(phase)
+    sch.vectorize(lanes)
+    sch.parallel(task)
+    for mad in mads:
+        sch.compute_at(mad, task, preserve_unit_loops=True)
+    present = block_names(sch)
+    g = p.geometry.group
+    # The block's slice of the flipped filter, where no other task reads it (one image), and
+    # of padded dy, where no other task reads it (a group of one input-channel block).
+    if p.geometry.batch == 1 and stages.DX_FILTER_FLIP in present:
+        flip = sch.get_sblock(stages.DX_FILTER_FLIP)
+        sch.compute_at(flip, task, preserve_unit_loops=True)
+        grp, a, b, c, co, ci = sch.get_loops(flip)[-6:]
+        sch.reorder(grp, co, a, b, c, ci)
+        sch.vectorize(ci)
+    if g.real_g > 1 and g.cin1_g == per_task and stages.DX_DY_PAD in present:
+        pad = sch.get_sblock(stages.DX_DY_PAD)
+        sch.compute_at(pad, task)
+        sch.vectorize(sch.get_loops(pad)[-1])
+    return task
+
+
 def streamed_candidates(target) -> list[Heuristic]:
     """What measured selection times for the streamed form (:func:`_schedule_streamed`):
     either width's default tile and AVX-512's GEMM tile (each won on some of the layers
@@ -480,14 +579,17 @@ def streamed_candidates(target) -> list[Heuristic]:
 
 def candidates(target) -> list[Heuristic]:
     """What measured selection times: the tiles for either vector width, AVX-512's with at
-    most 8 accumulators, AVX-512's GEMM tile (:func:`gemm_knobs`), and a pointwise or temporal
+    most 8 accumulators, AVX-512's GEMM tile (:func:`gemm_knobs`), a pointwise or temporal
     layer's result row by row for either width and with AVX-512's channel-blocked tile
-    (:func:`_rows_apply`, :func:`rows_tile`; where that does not apply, the same schedule as
-    the default's or the GEMM tile's, which selection compiles once)."""
+    (:func:`_rows_apply`, :func:`rows_tile`), and a channel block's stages in one task for
+    either width and with the GEMM tile (:func:`_block_tasks`). Where a choice does not apply,
+    its schedule is another's, which selection compiles once."""
     del target
     return [*(Heuristic(lanes) for lanes in HEURISTIC_LANES), Heuristic(16, accumulators=8),
             Heuristic(16, gemm=True), *(Heuristic(lanes, rows=True) for lanes in HEURISTIC_LANES),
-            Heuristic(16, gemm=True, rows=True)]
+            Heuristic(16, gemm=True, rows=True),
+            *(Heuristic(lanes, fused=True) for lanes in HEURISTIC_LANES),
+            Heuristic(16, gemm=True, fused=True)]
 
 
 @register(INPUT_OP, "llvm", candidates=candidates)
@@ -520,6 +622,8 @@ def schedule(sch, p: BackpropInputParams, target,
     for name in names:  # the flipped filter, a folded phase's lanes of it, the Winograd one
         if name.startswith((stages.DX_FILTER_FLIP, stages.DX_WINO_FILTER)):
             _schedule_filter(sch, name, p, target)
+    task = (_block_tasks(sch, p, names, target, _task_blocks(p, knobs, target))
+            if isinstance(knobs, Heuristic) and knobs.fused else None)
     skips = stages.DX_DY_PAD in names and padding_share(p) >= SKIP_SHARE  # dy's H padding
     skips_w = stages.DX_DY_PAD in names and padding_share(p, 2) >= SKIP_SHARE  # dy's W padding
     for name in names:
@@ -542,6 +646,7 @@ def schedule(sch, p: BackpropInputParams, target,
             axes = (3,) * skips + (4,) * bool(unrolled)
             if axes:
                 skip_padding(sch, mad, stages.DX_DY_PAD, axes)
-            _schedule_mad(sch, name, fit, target, unrolled)
-    fuse_parallel_vectorize(sch, stages.DX_RES, 2, target)
+            _schedule_mad(sch, name, fit, target, unrolled, task=task)
+    if task is None:
+        fuse_parallel_vectorize(sch, stages.DX_RES, 2, target)
     return sch
