@@ -706,7 +706,7 @@ def _schedule_of(row: dict) -> str:
     return ((f"{form}:" if form else "") + f"L{lanes}" + ("" if cap == "None" else f"a{cap}")
             + ("+K" if "split_k=True" in choice else "") + ("+W" if "whole=True" in choice else "")
             + ("+G" if "gemm=True" in choice else "") + ("+R" if "rows=True" in choice else "")
-            + one)
+            + ("+T" if "fused=True" in choice else "") + one)
 
 
 def host_description() -> dict:
@@ -941,10 +941,10 @@ def _main(args) -> int:
           f"{max(peaks):.0f} over the rows). Winograd kernels count the direct form's flops.")
     print("schedule: L8/L16 the 8- or 16-lane heuristic that measured selection chose (a8: at "
           "most 8 accumulators, +K: split K, +W: whole reduction per tile, +G: GEMM tile, +R: "
-          "row by row, @1: on one core), direct:/dot:/rows:/col: of the form without "
-          "Winograd / of dot products over positions / along rows, one per tap / a GEMM over "
-          "an im2col matrix, record: a stored tuning record, rule: the untimed rule; build s "
-          "includes the selection")
+          "row by row, +T: a channel block's stages in one task, @1: on one core), "
+          "direct:/dot:/rows:/col: of the form without Winograd / of dot products over "
+          "positions / along rows, one per tap / a GEMM over an im2col matrix, record: a "
+          "stored tuning record, rule: the untimed rule; build s includes the selection")
     slowest = sorted(rows, key=lambda r: -r["compile_s"])[:3]
     print("slowest first builds (selection included): " + ", ".join(
         f"{r['shape']} {r['gradient']} {r['compile_s']:.1f} s" for r in slowest))

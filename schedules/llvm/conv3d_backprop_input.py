@@ -481,6 +481,11 @@ def _schedule_streamed(sch, p: BackpropInputParams, knobs: Heuristic, target):
     return sch
 
 
+# The bytes of a task's reductions' results (:func:`_block_tasks`: its blocks' positions x C0
+# floats) at most: they are read back by the task's result rows, from L2 where they fit.
+TASK_RESULT_BYTES = 256 * 1024
+
+
 def _task_blocks(p: BackpropInputParams, knobs: Heuristic, target) -> int:
     """The input-channel blocks of a task of :func:`_block_tasks`: one, or for a GEMM tile
     (``knobs.gemm``), the most of a group's blocks (a divisor, at most ``GEMM_BLOCKS``) that
@@ -511,7 +516,10 @@ def _block_tasks(sch, p: BackpropInputParams, names: list[str], target, per_task
     and ran 15 parallel loops. Each channel block's result is also written out while in cache,
     C0 rows of D*H*W contiguous values. None where it does not apply: a Winograd reduction, a
     folded phase (its reduction holds several blocks' lanes), other consumers of the result,
-    or fewer tasks than keep the threads busy (:data:`common.BUSY_SHARE`)."""
+    fewer tasks than keep the threads busy (:data:`common.BUSY_SHARE`), or a task's results
+    larger than ``TASK_RESULT_BYTES`` (a kernel of a few large tasks, whose wakes cost little
+    beside its work: nnU-Net's 32 -> 64 stride-2 layer on 32x32x32, 2 MiB of results a
+    block, took 2.55 ms in 2 tasks against 1.43 stage by stage, Zen 5)."""
     threads = num_threads(target)
     res = sch.get_sblock(stages.DX_RES)
     blocks = int(sch.get(sch.get_loops(res)[2]).extent)
@@ -521,7 +529,9 @@ def _block_tasks(sch, p: BackpropInputParams, names: list[str], target, per_task
     consumers = sch.get_consumers(res)
     unpacked = [c for c in consumers
                 if sch.get(c).name_hint.startswith(stages.LAYOUT_OUT_NCDHW)]
+    footprint = math.prod(p.geometry.in_spatial) * p.geometry.c0 * per_task * 4
     if (stages.DX_WINO_DY in names or threads < 2 or busy(tasks, threads) < BUSY_SHARE
+            or footprint > TASK_RESULT_BYTES
             or any(int(sch.get(_mad_loops(sch, mad)[2]).extent) != blocks for mad in mads)
             or len(unpacked) != len(consumers) or len(consumers) > 1):
         return None
