@@ -104,11 +104,11 @@ class Knobs:
     # no predicated tail, so the channels unroll; 645M -> 425M instructions per call, 14%
     # faster).
     h_tile: int = 1
-    # Output channels unrolled inside the tile (one C0 block of dy: the dy index is then a
-    # constant offset, not a division per step). Used only when it divides the chunk and the
-    # tile divides W: unrolled around a predicated tail tile, LLVM kept the accumulators in
-    # memory (a stride-2 layer ran 2.5x slower). ResNet3D dX: 8% faster; other suite shapes
-    # unchanged.
+    # Output channels unrolled inside the tile (one C0 block of dy, the defaults' choice: the
+    # dy index is then a constant offset, not a division per step). Used only when it divides
+    # the chunk and the tile divides W: unrolled around a predicated tail tile, LLVM kept the
+    # accumulators in memory (a stride-2 layer ran 2.5x slower). ResNet3D dX: 8% faster;
+    # other suite shapes unchanged.
     co_unroll: int = 16
     # Input-channel blocks per register tile (unrolled; a divisor of the blocks is used): each
     # dy value broadcast then feeds ``cb_tile`` filter vectors, as a GEMM micro-kernel blocks
@@ -139,8 +139,8 @@ def default_knobs(p: BackpropInputParams, lanes: int, width: int | None = None,
                  divisors(width) if rows * cols <= budget]
         best, cols, rows = max(exact)
         if best == w_tile:
-            return Knobs(cols, chunk, h_tile=rows)
-    return Knobs(w_tile, chunk)
+            return Knobs(cols, chunk, h_tile=rows, co_unroll=p.geometry.c0)
+    return Knobs(w_tile, chunk, co_unroll=p.geometry.c0)
 
 
 # The most input-channel blocks a GEMM tile (``gemm_knobs``) holds, and the filter values (fp32)
@@ -165,7 +165,7 @@ def gemm_knobs(p: BackpropInputParams, lanes: int, width: int, channels: int, he
                                         lambda acc, _: acc <= budget)
     taps = math.prod(p.geometry.kernel[1:])
     chunk = _fit(channels, max(1, min(CO_CHUNK, GEMM_CHUNK_VALUES // (taps * cbt * p.geometry.c0))))
-    return Knobs(cols, chunk, h_tile=rows, cb_tile=cbt)
+    return Knobs(cols, chunk, h_tile=rows, cb_tile=cbt, co_unroll=p.geometry.c0)
 
 
 def _positions(p: BackpropInputParams, lanes: int, accumulators: int | None = None) -> int:

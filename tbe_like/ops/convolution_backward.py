@@ -485,6 +485,9 @@ def _other_forms(graph: kernels.Graph, kind: str, conv: kernels.Conv3d,
         if kernels.streamed_applies(conv):
             forms["streamed"] = kernels.grad_input(conv, prec, streamed=True,
                                                    live_channels=True)
+        if kernels.narrow_blocks_apply(conv, target):
+            forms[kernels.NARROW] = kernels.grad_input(conv, prec, live_channels=True,
+                                                       c0=kernels.NARROW_C0)
         if kernels.winograd_on(target) and kernels.input_winograd_d_applies(conv):
             forms[kernels.WINOGRAD_D] = kernels.grad_input_winograd_d(conv, prec)
     return forms

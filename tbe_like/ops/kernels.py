@@ -51,7 +51,7 @@ from ..params import (
     RowsInputParams,
     WinogradDInputParams,
 )
-from ..target import one_core
+from ..target import one_core, vector_lanes
 
 C0 = 16
 ACC_DTYPE = "float32"
@@ -186,10 +186,10 @@ class Graph:
                 in zip([*self.inputs, self.output], self.layouts, self.shapes(), strict=True)]
 
 
-def _geometry(conv: Conv3d, group: GroupInfo, batch: int, in_spatial, out_spatial
-              ) -> ConvGeometry:
+def _geometry(conv: Conv3d, group: GroupInfo, batch: int, in_spatial, out_spatial,
+              c0: int = C0) -> ConvGeometry:
     return ConvGeometry(batch, tuple(in_spatial), tuple(out_spatial), conv.kernel, conv.strides,
-                        conv.pads, conv.dilations, group, C0)
+                        conv.pads, conv.dilations, group, c0)
 
 
 def _placeholder(shape, name: str, dtype: str) -> te.Tensor:
@@ -216,7 +216,7 @@ def uses_winograd(graph: Graph) -> bool:
 
 def grad_input(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "grad_input"),
                winograd: bool | int = False, dense: bool = False, streamed: bool = False,
-               live_channels: bool = False) -> Graph:
+               live_channels: bool = False, c0: int = C0) -> Graph:
     """dX of ``conv``: ``(dy (N, cout, ...), W (cout, cin/g, k...)) -> (N, cin, ...)``.
 
     ``dense``: one reduction over dy padded whole (``stride_phases=False`` of the compute; its
@@ -225,18 +225,19 @@ def grad_input(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "g
     stride-phase form with every D row in one reduction (``split_d=False`` of the compute), the
     form whose filter is flipped inside that reduction (:func:`streamed_applies`); no
     Winograd. ``live_channels``: the reduction sums the real output channels only (a CPU
-    kernel's; ``compute.conv3d_backprop_input``)."""
+    kernel's; ``compute.conv3d_backprop_input``). ``c0``: the channels of a block, the vector
+    of the reduction's tile (:func:`narrow_blocks_apply`)."""
     dy = _placeholder(conv.y_shape, names[0], prec.dtype)
     w = _placeholder(conv.w_shape, names[1], prec.dtype)
     convert, cd = prec.convert(), prec.core_dtype
     flops = conv.flops()
     (ta, tb, tc), conv = live_taps(conv) or ((0, 0, 0), conv)  # the live taps' convolution
-    group = group_info(conv.cin, conv.cout, conv.groups, cin0=C0)
-    dy6 = lt.pack_6hd(dy, False, C0, cd, convert, names[0])
+    group = group_info(conv.cin, conv.cout, conv.groups, cin0=c0)
+    dy6 = lt.pack_6hd(dy, False, c0, cd, convert, names[0])
     w6 = lt.pack_fractal_z_3d(lambda co, ci, a, b, c: convert(w[co, ci, a + ta, b + tb, c + tc]),
-                              cd, group, conv.kernel, C0, names[1])
+                              cd, group, conv.kernel, c0, names[1])
     p = BackpropInputParams(
-        _geometry(conv, group, conv.batch, conv.in_spatial, conv.out_spatial),
+        _geometry(conv, group, conv.batch, conv.in_spatial, conv.out_spatial, c0),
         tuple(int(s) for s in w6.shape), tuple(int(s) for s in dy6.shape),
         (conv.batch, *conv.in_spatial, conv.cin), cd, ACC_DTYPE, names[2], None, None, {})
     winograd = False if dense or streamed else winograd
@@ -573,6 +574,26 @@ def winograd_d_applies(conv: Conv3d) -> bool:
                  >= WINOGRAD_D_BESIDE_W_MIN_POSITIONS)
             and core.groups == 1 and min(core.cin, core.cout) >= C0
             and tap_fold(core) is None)
+
+
+# The form of an input gradient in blocks of half a C0 of input channels
+# (:func:`narrow_blocks_apply`), and that block.
+NARROW = "narrow"
+NARROW_C0 = C0 // 2
+
+
+def narrow_blocks_apply(conv: Conv3d, target: Target) -> bool:
+    """Whether the input gradient of ``conv`` also races with its input channels in blocks of
+    ``NARROW_C0`` (``grad_input(c0=NARROW_C0)``) on ``target``: vectors of ``NARROW_C0``
+    lanes (AVX2: a register holds such a block), no groups, and the channels half a block
+    past a whole number of blocks of C0 (24, 40, 56: a third, a fifth, a seventh more
+    multiply-adds in the packed form, on padding channels). Zen 5 as a Zen 3 (``znver3``),
+    kernels alone, the best candidate of either form, layers of neither half: 24 -> 48
+    (3, 5, 5) at stride (1, 2, 2) on 8x32x32 2.01 -> 1.67 ms, 56 -> 112 3x3x3 at stride 2
+    on 4x14x14 0.318 -> 0.282, 40 -> 80 3x3x3 on 8x16x16 1.71 either way; with AVX-512's 16
+    lanes the packed form won each (1.23 against 1.46 ms, 0.22 / 0.28, 0.94 / 1.38)."""
+    return (vector_lanes(target) <= NARROW_C0 and conv.groups == 1
+            and conv.cin % C0 == NARROW_C0)
 
 
 def few_channels(conv: Conv3d) -> bool:
@@ -1729,6 +1750,8 @@ def alternative_candidates(graph: Graph, target: Target) -> list:
         from ..schedules.llvm.conv3d_backprop_input import streamed_candidates
 
         return streamed_candidates(target)
+    if graph.op == INPUT_OP and graph.params.geometry.c0 != C0:  # narrow blocks, narrow tiles
+        return [k for k in candidates(graph.op, target) if k.lanes == NARROW_C0]
     return [None, *(k for k in candidates(graph.op, target) if getattr(k, "gemm", None))]
 
 
@@ -1753,7 +1776,6 @@ def selection_forms(graph: Graph, target: Target,
         if not (g.rows_only or g.streamed):
             return [OneCore()]
         from ..schedules.common import Heuristic
-        from ..target import vector_lanes
 
         lanes = vector_lanes(target)
         return [OneCore(Heuristic(lanes, stream=True) if g.streamed
