@@ -450,7 +450,9 @@ def _other_forms(graph: kernels.Graph, kind: str, conv: kernels.Conv3d,
     a layer of few output channels (a segmentation head's classes) has the rows forms of
     both gradients too (``kernels.ROWS_OUT``), which pad no channel where the packed forms
     compute a block of 16 output channels (a 16 -> 3 3x3x3 layer's weight gradient 1.11 ->
-    0.24 ms, input 0.61 -> 0.34)."""
+    0.24 ms, input 0.61 -> 0.34); on a host of 8-lane vectors, a layer of 8 mod 16 input
+    channels has its input gradient in blocks of 8 channels too (``kernels.narrow_blocks_apply``:
+    a 24-channel layer's 2.01 -> 1.67 ms)."""
     forms = {}
     if kernels.uses_winograd(graph):
         forms["direct"] = graph_of(kind, conv, prec, transposed, None)
