@@ -224,6 +224,37 @@ def test_input_gradients_of_any_stride_sum_only_the_taps_that_reach(seed):
                                err_msg=str(conv))
 
 
+@pytest.mark.parametrize("conv", [
+    conv3d(1, 3, (8, 32, 32), 64, (7, 7, 7), stride=2, pad=3),  # I3D's stem: 4 taps an axis
+    conv3d(2, 3, (3, 18, 17), 24, (3, 7, 7), stride=(2, 4, 4), pad=(1, 3, 3)),  # MViT's cube
+    conv3d(1, 1, (1, 1, 203), 32, (1, 1, 10), stride=(1, 1, 5), pad=0),  # wav2vec's 1D layer
+    conv3d(3, 2, (5, 12, 12), 16, (5, 5, 5), stride=2, pad=2)], ids=str)
+def test_a_strided_stem_has_the_col_input_gradient_at_any_number_of_positions(conv):
+    """A strided layer of few input channels (a stem; ``kernels.few_channels``) races the col
+    input gradient past ``COL_MAX_POSITIONS``: the packed form pads its channels to a block
+    and has a reduction per stride phase. Its kernel may be longer than twice its stride (a
+    position's last step then lies past the kernel for some phases: the read clamped, the
+    term dropped), in a batch; against NumPy under the bounds proof, both widths."""
+    assert kernels.input_col_applies(conv), conv
+    graph = kernels.grad_input_col(conv, kernels.Precision("float32", "float32"))
+    rng = np.random.default_rng(sum(conv.kernel))
+    x, w, dy = (rng.standard_normal(s).astype(np.float32)
+                for s in (conv.x_shape, conv.w_shape, conv.y_shape))
+    dx_want, _ = _gradients(conv, x, w, dy)
+    for lanes in HEURISTIC_LANES:
+        dx = run_form(graph, lanes, (dy, w))
+        np.testing.assert_allclose(dx, dx_want, rtol=0,
+                                   atol=RTOL["float32"] * np.abs(dx_want).max(), err_msg=str(conv))
+
+
+def test_only_strided_layers_of_few_channels_have_it_past_the_bound():
+    big = (4, 56, 56)
+    assert kernels.input_col_applies(conv3d(1, 3, big, 64, (3, 7, 7), stride=(1, 2, 2)))
+    assert not kernels.input_col_applies(conv3d(1, 3, big, 64, (3, 7, 7), stride=1))
+    assert not kernels.input_col_applies(conv3d(1, 16, big, 64, (3, 7, 7), stride=(1, 2, 2)))
+    assert not kernels.input_col_applies(conv3d(1, 6, big, 12, (3, 3, 3), stride=2, groups=2))
+
+
 def test_a_patch_embedding_has_the_col_forms_at_any_number_of_positions():
     """A layer whose taps read each element of x at most once (kernel <= stride / gcd(stride,
     dilation) on every axis: a patch embedding, a strided pointwise layer) races the col
