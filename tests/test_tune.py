@@ -382,6 +382,32 @@ def test_measured_selection_races_the_direct_form_too(measuring, monkeypatch, ki
     np.testing.assert_allclose(second(*arrays), first(*arrays), rtol=1e-5, atol=1e-5)
 
 
+def test_a_candidate_that_would_compile_past_the_budget_does_not_start(monkeypatch):
+    """One compiling thread, a budget of 0.5 s, compilations of 0.3 s ("slow" form) and
+    0.01 s ("fast"): the first always builds; a fast one starting at 0.3 s builds, a slow
+    one starting then would end past the budget by the longest of its form (0.3 s) and does
+    not start; a later fast one still does."""
+    import time
+
+    import tbe_like.bounds
+    import tbe_like.target
+
+    conv = kernels.Conv3d(1, 16, 16, (1, 4, 4), (1, 4, 4), (1, 1, 1), (1, 1, 1), (0,) * 6,
+                          (1, 1, 1), 1)
+    func = kernels.prim_func(kernels.grad_input(conv, kernels.Precision("float32", "float32")))
+    kinds = ["slow", "fast", "slow", "fast"]
+
+    def fake_compile(mod, target, what):
+        time.sleep(0.3 if str(mod["main"].attrs["test_kind"]) == "slow" else 0.01)
+        return {"main": lambda *args: None}
+
+    monkeypatch.setattr(tbe_like.bounds, "compile_checked", fake_compile)
+    monkeypatch.setattr(tbe_like.target, "cpu_count", lambda: 1)
+    runners, _ = tune._runners([func.with_attr("test_kind", k) for k in kinds], host_target(),
+                               budget=0.5, kinds=kinds)
+    assert [r is not None for r in runners] == [True, True, False, True]
+
+
 @pytest.mark.parametrize("budget", [0.0, 60.0])
 def test_compiling_past_the_budget_starts_no_more_candidates(measuring, monkeypatch, budget):
     """Every form's first candidate is compiled before any form's second; once compiling has
