@@ -281,6 +281,17 @@ def skip_edge_columns(sch, block, buffer: str, axes: tuple[int, ...], axis: int,
     sch.annotate(loop, PARTITION, [lo, hi, axis])
 
 
+def phase_columns(sch, columns, lanes, period: int, width: int) -> None:
+    """The loops of an interleaved input gradient's result computed a row (or a block) at a
+    time: its ``columns`` split by the W ``period`` and the phase unrolled where the period
+    divides ``width`` (which reduction or Winograd column a column reads is then a constant),
+    its C0 ``lanes`` vectorized."""
+    if period > 1 and width % period == 0:
+        _, phase = sch.split(columns, [None, period])
+        sch.unroll(phase)
+    sch.vectorize(lanes)
+
+
 def flatten_init(sch, init, lanes: int, outer: int = 1) -> None:
     """A reduction's zeroing block (``decompose_reduction``'s result) as one flat loop under its
     ``outer`` loops (the parallel one), vectorized by ``lanes``: as a nest of small constant

@@ -34,6 +34,7 @@ from .common import (
     iterations,
     parallel,
     parallelize,
+    phase_columns,
     vectorize,
 )
 from .llvm.conv3d_backprop_input import ROWS_TILE
@@ -214,7 +215,7 @@ def _unpack_rows(sch, block, period: int, target) -> None:
     own = sch.get_loops(producer)[1:]  # under the row loop; unit loops are not made
     if not own:
         return
-    if period > 1 and width % period == 0 and len(own) >= 2:
-        _, phase = sch.split(own[-2], [None, period])
-        sch.unroll(phase)
-    sch.vectorize(own[-1])
+    if len(own) < 2:
+        sch.vectorize(own[-1])
+        return
+    phase_columns(sch, own[-2], own[-1], period, width)

@@ -105,9 +105,15 @@ def layer_features(layer: dict) -> list[float]:
 _HEURISTIC = re.compile(r"Heuristic\((.*)\)")
 
 
+def form_of(name: str) -> str:
+    """The form a candidate's name starts with (``"col: Heuristic(lanes=8)"``: ``"col"``; the
+    kernel's own form: ``""``)."""
+    return name.rpartition(": ")[0]
+
+
 def _parts(name: str) -> tuple[str, str, dict[str, str]]:
     """(form, knobs without the one-core suffix, the knobs' fields) of a candidate's name."""
-    form, _, knobs = name.rpartition(": ")
+    form, knobs = form_of(name), name.rpartition(": ")[2]
     knobs = knobs.removesuffix(ONE_CORE_SUFFIX)
     found = _HEURISTIC.fullmatch(knobs)
     fields = (dict(part.split("=", 1) for part in found.group(1).split(", "))

@@ -752,8 +752,7 @@ def measured_schedule(func, schedule_with: Callable[[Any, Any], Any], candidates
     options = [option for i, option in enumerate(options) if i in kept]
     runners, executables = _runners([sch.mod["main"] for _, sch, _ in options], target, symbol,
                                     MEASURE_BUILD_SECONDS,
-                                    [name.split(": ")[0] if ": " in name else ""
-                                     for name, _, _ in options])
+                                    [ranking.form_of(name) for name, _, _ in options])
     built = [i for i, run in enumerate(runners) if run is not None]
     first = time.perf_counter()
     times = [math.inf] * len(options)

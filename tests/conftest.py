@@ -123,6 +123,21 @@ def weight_gradient(conv, x, dy):
     return dw
 
 
+def input_gradient(conv, dy, w):
+    """dX of ``conv`` (padded alike on both sides of each axis) from ``dy`` and ``w``, by the
+    NumPy reference, in float64."""
+    pads = conv.pads[::2]
+    assert pads == conv.pads[1::2]
+    from tbe_like.testing import reference as ref
+
+    dx, _, _ = ref.convolution_backward(
+        dy.astype(np.float64), np.zeros(conv.x_shape), w.astype(np.float64),
+        stride=list(conv.strides), padding=list(pads), dilation=list(conv.dilations),
+        transposed=False, output_padding=[0, 0, 0], groups=conv.groups,
+        output_mask=(True, False, False))
+    return dx
+
+
 def assert_weight_form(graph, conv, dtype: str, lanes, seed: int) -> None:
     """A weight gradient form's ``graph`` (:func:`run_form` with ``lanes``) on x and dy of
     ``dtype`` drawn from ``seed`` equals NumPy's dW (:func:`weight_gradient`) within

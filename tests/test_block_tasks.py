@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import conv3d
+from conftest import conv3d, input_gradient
 from tbe_like.schedules import Heuristic, apply_schedule, common
 from tbe_like.schedules.llvm import conv3d_backprop_input as dx_rule
 
@@ -73,15 +73,6 @@ def _parallel_loops(mod) -> list[int]:
     return extents
 
 
-def _input_gradient(conv, dy, w):
-    pads = [conv.pads[0], conv.pads[2], conv.pads[4]]
-    return ref.convolution_backward(
-        dy.astype(np.float64), np.zeros(conv.x_shape), w.astype(np.float64),
-        stride=list(conv.strides), padding=pads, dilation=list(conv.dilations),
-        transposed=False, output_padding=[0, 0, 0], groups=conv.groups,
-        output_mask=(True, False, False))[0]
-
-
 def _run(mod, arrays, shape):
     dev = tvm.cpu()
     out = tvm.runtime.tensor(np.zeros(shape, "float32"), dev)
@@ -120,7 +111,7 @@ def test_a_channel_blocks_stages_run_in_one_task(name, knobs):
         stages.DX_DY_PAD not in placed)
     rng = np.random.default_rng(len(name))
     dy, w = (rng.standard_normal(s).astype("float32") for s in (conv.y_shape, conv.w_shape))
-    want = _input_gradient(conv, dy, w)
+    want = input_gradient(conv, dy, w)
     got = _run(sch.mod, [dy, w], conv.x_shape)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
 
@@ -184,7 +175,7 @@ def test_the_dsls_packed_result_is_computed_in_block_tasks(knobs):
     w_oidhw = rng.standard_normal(conv.w_shape).astype("float32")
     got = _run(sch.mod, [layout.to_fractal_z_3d(w_oidhw, c0=16), layout.to_ndc1hwc0(
         dy_ncdhw, c0=16)], [int(v) for v in res.shape])
-    want = _input_gradient(conv, dy_ncdhw, w_oidhw)
+    want = input_gradient(conv, dy_ncdhw, w_oidhw)
     got = layout.from_ndc1hwc0(got.reshape(1, conv.in_spatial[0], 2, *conv.in_spatial[1:], 16),
                                conv.cin)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import conv3d, run_graph
+from conftest import conv3d, input_gradient, run_graph
 from tbe_like.schedules import Heuristic
 
 from tbe_like import stages
@@ -13,7 +13,6 @@ from tbe_like._tvm import IRModule, Target, s_tir, tirx
 from tbe_like.ops import kernels
 from tbe_like.ops.convolution_backward import _other_forms, graph_of
 from tbe_like.target import host_target
-from tbe_like.testing import reference as ref
 
 F32 = kernels.Precision("float32", "float32")
 TARGET = host_target()
@@ -63,12 +62,7 @@ def test_the_operator_races_narrow_blocks_and_each_candidate_is_exact(name):
     assert narrow.params.geometry.c0 == kernels.NARROW_C0
     rng = np.random.default_rng(len(name))
     dy, w = (rng.standard_normal(s).astype("float32") for s in (conv.y_shape, conv.w_shape))
-    pads = [conv.pads[0], conv.pads[2], conv.pads[4]]
-    want = ref.convolution_backward(
-        dy.astype(np.float64), np.zeros(conv.x_shape), w.astype(np.float64),
-        stride=list(conv.strides), padding=pads, dilation=list(conv.dilations),
-        transposed=False, output_padding=[0, 0, 0], groups=1,
-        output_mask=(True, False, False))[0]
+    want = input_gradient(conv, dy, w)
     knob_sets = kernels.alternative_candidates(narrow, AVX2)
     assert {k.lanes for k in knob_sets} == {kernels.NARROW_C0}
     assert any(k.fused for k in knob_sets) and any(not k.fused for k in knob_sets)

@@ -60,6 +60,7 @@ from ..common import (
     fuse_parallel_vectorize,
     num_threads,
     parallel,
+    phase_columns,
     schedule_winograd_transform,
     skip_padding,
     tile_registers,
@@ -203,12 +204,12 @@ def _extents(sch, mad) -> tuple[int, int, int]:
 
 
 def _schedule_mad(sch, name: str, knobs: Knobs | str, target, w_taps: str = "",
-                  streamed: bool = False, task=None):
+                  streamed: bool = False, in_task: bool = False):
     """Tile and order a reduction (see the module's doc). ``w_taps``: its W taps unrolled,
     around the chunk's channel loop (``"outer"``) or inside it (``"inner"``); see
     :func:`w_taps`. ``streamed``: the order of :func:`_schedule_streamed` (the channel blocks
     the only parallel loop, the batch and every D row inside each chunk of output channels).
-    ``task``: the reduction is placed in a channel block's task (:func:`_block_tasks`); its
+    ``in_task``: the reduction is placed in a channel block's task (:func:`_block_tasks`); its
     rows (n, d) go around the chunks, and nothing of it is parallel. Returns the loop over the
     chunks."""
     threads = num_threads(target)
@@ -241,8 +242,9 @@ def _schedule_mad(sch, name: str, knobs: Knobs | str, target, w_taps: str = "",
     # taps inside the tile, so that a tile is stored once a chunk, ran 10-20% slower: the tile
     # then reads 3 dy planes.)
     outer = [loop for loop in (n, d, e) if loop is not None]
-    if task is not None:
-        outer = []
+    task_rows = []  # (in a task: the reduction's rows, around its chunks)
+    if in_task:
+        task_rows, outer = outer, []
     elif streamed:
         outer = [cb]
     elif math.prod(int(sch.get(loop).extent) for loop in outer) < TASKS_PER_THREAD * threads:
@@ -254,9 +256,8 @@ def _schedule_mad(sch, name: str, knobs: Knobs | str, target, w_taps: str = "",
     inner = [*chunk, h_o, w_o, *taps, co_u, cb_i, h_i, w_i, ci0]
     if streamed:
         inner = [co_o, *inner]
-    rows = [loop for loop in (n, d, e) if loop is not None] if task is not None else []
-    order = rows + outer + [loop for loop in inner
-                            if loop is not None and loop not in outer + rows]
+    order = task_rows + outer + [loop for loop in inner
+                                 if loop is not None and loop not in outer + task_rows]
     sch.reorder(*order)
     if outer:
         parallel(sch, outer, target)
@@ -268,7 +269,7 @@ def _schedule_mad(sch, name: str, knobs: Knobs | str, target, w_taps: str = "",
     if w_taps:
         sch.unroll(c)
     flatten_init(sch, sch.decompose_reduction(mad, co_o if streamed else a),
-                 int(sch.get(ci0).extent), outer=1 + len(rows))
+                 int(sch.get(ci0).extent), outer=1 + len(task_rows))
     return co_o
 
 
@@ -553,11 +554,8 @@ def _block_tasks(sch, p: BackpropInputParams, names: list[str], target, per_task
         sch.reorder(n, c1, cb, d, hw, ci)
         task = sch.fuse(n, c1)
         columns, lanes = hw, ci
-    width = p.geometry.in_spatial[2]
-    if period > 1 and int(sch.get(columns).extent) % period == 0 and width % period == 0:
-        _, phase = sch.split(columns, [None, period])
-        sch.unroll(phase)
-    sch.vectorize(lanes)
+    # (A row's W columns or the block's H*W: both split alike where the period divides W.)
+    phase_columns(sch, columns, lanes, period, p.geometry.in_spatial[2])
     sch.parallel(task)
     for mad in mads:
         sch.compute_at(mad, task, preserve_unit_loops=True)
@@ -656,7 +654,7 @@ def schedule(sch, p: BackpropInputParams, target,
             axes = (3,) * skips + (4,) * bool(unrolled)
             if axes:
                 skip_padding(sch, mad, stages.DX_DY_PAD, axes)
-            _schedule_mad(sch, name, fit, target, unrolled, task=task)
+            _schedule_mad(sch, name, fit, target, unrolled, in_task=task is not None)
     if task is None:
         fuse_parallel_vectorize(sch, stages.DX_RES, 2, target)
     return sch
