@@ -108,34 +108,29 @@ def few_channel_weight_gradient(channels: int, transposed: bool, seed: int):
     return times, executor(dy, x, w)[1], want
 
 
-def weight_gradient(conv, x, dy):
-    """dW of ``conv`` (padded alike on both sides of each axis) on ``x`` and ``dy``, by the
-    NumPy reference, in float64."""
+def _reference(conv, dy, x, w, mask):
+    """The NumPy reference's ``convolution_backward`` of ``conv`` (padded alike on both sides
+    of each axis), in float64."""
     pads = conv.pads[::2]
     assert pads == conv.pads[1::2]
     from tbe_like.testing import reference as ref
 
-    _, dw, _ = ref.convolution_backward(
-        dy.astype(np.float64), x.astype(np.float64), np.zeros(conv.w_shape),
+    return ref.convolution_backward(
+        dy.astype(np.float64), x.astype(np.float64), w.astype(np.float64),
         stride=list(conv.strides), padding=list(pads), dilation=list(conv.dilations),
-        transposed=False, output_padding=[0, 0, 0], groups=conv.groups,
-        output_mask=(False, True, False))
-    return dw
+        transposed=False, output_padding=[0, 0, 0], groups=conv.groups, output_mask=mask)
+
+
+def weight_gradient(conv, x, dy):
+    """dW of ``conv`` (padded alike on both sides of each axis) on ``x`` and ``dy``, by the
+    NumPy reference, in float64."""
+    return _reference(conv, dy, x, np.zeros(conv.w_shape), (False, True, False))[1]
 
 
 def input_gradient(conv, dy, w):
     """dX of ``conv`` (padded alike on both sides of each axis) from ``dy`` and ``w``, by the
     NumPy reference, in float64."""
-    pads = conv.pads[::2]
-    assert pads == conv.pads[1::2]
-    from tbe_like.testing import reference as ref
-
-    dx, _, _ = ref.convolution_backward(
-        dy.astype(np.float64), np.zeros(conv.x_shape), w.astype(np.float64),
-        stride=list(conv.strides), padding=list(pads), dilation=list(conv.dilations),
-        transposed=False, output_padding=[0, 0, 0], groups=conv.groups,
-        output_mask=(True, False, False))
-    return dx
+    return _reference(conv, dy, np.zeros(conv.x_shape), w, (True, False, False))[0]
 
 
 def assert_weight_form(graph, conv, dtype: str, lanes, seed: int) -> None:
