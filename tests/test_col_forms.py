@@ -255,6 +255,26 @@ def test_only_strided_layers_of_few_channels_have_it_past_the_bound():
     assert not kernels.input_col_applies(conv3d(1, 6, big, 12, (3, 3, 3), stride=2, groups=2))
 
 
+@pytest.mark.parametrize("conv, alone", [
+    (conv3d(1, 3, (8, 32, 32), 96, (3, 7, 7), stride=(2, 4, 4), pad=(1, 3, 3)), True),
+    (conv3d(1, 8, (4, 16, 16), 32, (1, 1, 1), stride=2, pad=0), True),  # 8 channels of 16
+    (conv3d(1, 12, (4, 16, 16), 32, (1, 1, 1), stride=2, pad=0), False),  # 12 of 16
+    (conv3d(1, 64, (2, 4, 4), 3, (1, 1, 1), pad=0), False)], ids=str)  # few output channels
+def test_beside_the_col_form_a_packed_form_of_padded_channels_races_its_default_alone(
+        conv, alone):
+    """Where the packed input gradient pads the input channels to twice their number or more
+    (a stem: 3 of 16), beside the col form it races its rule's default alone: its other
+    tiles lost to the col form by 1.9-2.9x on the patch embeddings and each cost a compile
+    (MViT's first build 10 s). Padding less, or padding output channels, it keeps them."""
+    prec = kernels.Precision("float32", "float32")
+    graph = graph_of("grad_input", conv, prec, target=TARGET)
+    forms = _other_forms(graph, "grad_input", conv, prec, False, TARGET)
+    assert "col" in forms, conv
+    main, *_ = kernels.selection_forms(graph, TARGET, forms)
+    own = [k for k in main.candidates if not isinstance(k, kernels.OneCore)]
+    assert (own == [None]) == alone, own
+
+
 def test_a_patch_embedding_has_the_col_forms_at_any_number_of_positions():
     """A layer whose taps read each element of x at most once (kernel <= stride / gcd(stride,
     dilation) on every axis: a patch embedding, a strided pointwise layer) races the col

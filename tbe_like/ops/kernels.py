@@ -1736,6 +1736,18 @@ def schedule(sch, graph: Graph, target: Target, knobs=None):
 
 # The forms of few input or output channels (``grad_weight_rows``, ``grad_input_rows``).
 ROWS_OPS = (FILTER_ROWS_OP, INPUT_ROWS_OP)
+# The input channels an input gradient's packed form computes, per real one, from which it
+# races with its rule's default alone beside the col form (:func:`selection_forms`).
+PADDED_SHARE = 2
+
+
+def _padded_inputs(graph: Graph) -> float:
+    """The input channels the packed input gradient ``graph`` computes (its blocks of C0) per
+    input channel of the layer; 1 for another form."""
+    if graph.op != INPUT_OP:
+        return 1.0
+    g = graph.params.geometry.group
+    return g.real_g * g.cin1_g * g.cin0 / g.cin_ori
 # The forms whose candidates are their rules' (both widths) when they race.
 OWN_CANDIDATE_OPS = (FILTER_DOT_OP, FILTER_OUTER_OP, FILTER_COL_OP, INPUT_COL_OP,
                      INPUT_WINO_D_OP, *ROWS_OPS)
@@ -1792,11 +1804,16 @@ def selection_forms(graph: Graph, target: Target,
     forms = [Form(name, prim_func(g), scheduler(g), alternative_candidates(g, target) + one_of(g))
              for name, g in (alternatives or {}).items()]
     own = candidates(graph.op, target)
-    if any(g.op in ROWS_OPS and name != ROWS_OUT for name, g in (alternatives or {}).items()):
-        # Beside a rows form of few input channels the packed form races with its rule's
-        # default alone: its other tiles lost to the rows form by 1.5-10x on every stem of the
-        # network suite, and each costs a compile (a video stem's first build took 8-10 s with
-        # them). Beside the rows forms of few output channels it keeps them (not measured so).
+    if any((g.op in ROWS_OPS and name != ROWS_OUT) or (
+            g.op == INPUT_COL_OP and _padded_inputs(graph) >= PADDED_SHARE)
+           for name, g in (alternatives or {}).items()):
+        # Beside a rows form of few input channels, or an input gradient's col form where the
+        # packed form pads the input channels to at least twice their number (a stem's), the
+        # packed form races with its rule's default alone: its other tiles lost to the rows
+        # form by 1.5-10x on every stem of the network suite, and each costs a compile (a
+        # video stem's first build took 8-10 s with them; MViT's cube embedding's 10 s, where
+        # the col form won by 2.6-2.9x, ViT-L/14's patch embedding's by 1.9-2.3x). Beside the
+        # rows forms of few output channels it keeps them (not measured so).
         own = [None]
     return [Form("", prim_func(graph), scheduler(graph), own + one_of(graph)), *forms]
 
