@@ -686,6 +686,38 @@ def test_a_pointwise_weight_gradient_has_the_form_at_any_number_of_positions():
         assert not kernels.weight_col_applies(conv)
 
 
+def test_a_weight_gradient_of_padded_channels_has_the_col_form_at_any_number_of_positions():
+    """Where the packed form pads the channels to ``COL_PADDED_SHARE`` times the work or more
+    (18 -> 36: 32 x 48 of 18 x 36, 2.4x), the col form races past ``COL_MAX_POSITIONS``,
+    within ``COL_MAX_BYTES``; 36 -> 72 pads 1.48x, 40 -> 80 1.2x (not), 32 -> 48 none."""
+    assert kernels.padded_share(conv3d(1, 18, (1, 64, 64), 36, (1, 3, 3))) == pytest.approx(
+        32 * 48 / (18 * 36))
+    for conv in (conv3d(1, 18, (1, 64, 64), 36, (1, 3, 3), stride=(1, 2, 2), pad=(0, 1, 1)),
+                 conv3d(1, 36, (1, 32, 32), 72, (1, 3, 3), pad=(0, 1, 1)),
+                 conv3d(1, 12, (8, 28, 28), 20, (3, 3, 3))):  # 7.8 MiB of im2col matrix
+        assert not kernels.col_applies(conv) and kernels.weight_col_applies(conv), conv
+    for conv in (conv3d(1, 40, (4, 16, 16), 80, (3, 3, 3)),  # padded 1.2x
+                 conv3d(1, 32, (4, 16, 16), 48, (3, 3, 3)),  # whole blocks
+                 conv3d(1, 12, (8, 32, 28), 20, (3, 3, 3)),  # 8.9 MiB of matrix
+                 conv3d(1, 36, (4, 16, 16), 72, (3, 3, 3), groups=2)):  # groups
+        assert not kernels.weight_col_applies(conv), conv
+
+
+@pytest.mark.parametrize("lanes", HEURISTIC_LANES)
+def test_the_weight_gradient_of_padded_channels_matches_reference(lanes):
+    """18 -> 36, 3x3 stride 2 on 2x(3x22x21) maps (726 positions): the col form against
+    NumPy under the bounds proof."""
+    conv = conv3d(2, 18, (3, 22, 21), 36, (1, 3, 3), stride=(1, 2, 2), pad=(0, 1, 1))
+    assert kernels.weight_col_applies(conv) and not kernels.col_applies(conv)
+    rng = np.random.default_rng(29)
+    x, w, dy = (rng.standard_normal(s).astype(np.float32)
+                for s in (conv.x_shape, conv.w_shape, conv.y_shape))
+    _, dw_want = _gradients(conv, x, w, dy)
+    dw = run_form(kernels.grad_weight_col(conv, kernels.Precision("float32", "float32")),
+                  lanes, (x, dy))
+    np.testing.assert_allclose(dw, dw_want, rtol=0, atol=RTOL["float32"] * np.abs(dw_want).max())
+
+
 @pytest.mark.parametrize("lanes", HEURISTIC_LANES)
 def test_the_pointwise_weight_gradient_form_matches_reference(lanes):
     conv = conv3d(2, 32, (4, 18, 17), 24, (1, 1, 1), stride=(1, 2, 2), pad=0)  # 2x4x9x9

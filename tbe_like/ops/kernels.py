@@ -908,20 +908,43 @@ def patch_like(conv: Conv3d) -> bool:
         for k, s, d in zip(conv.kernel, conv.strides, conv.dilations, strict=True))
 
 
+# The packed weight gradient's multiply-adds per real one (its input and output channels
+# padded to blocks of C0) from which the col form races at any number of positions, within
+# ``COL_MAX_BYTES`` (:func:`weight_col_applies`).
+COL_PADDED_SHARE = 1.4
+
+
+def padded_share(conv: Conv3d) -> float:
+    """The multiply-adds of the packed weight gradient of ``conv`` (no groups: its input and
+    output channels padded to blocks of ``C0``) per real one."""
+    def padded(channels: int) -> int:
+        return -(-channels // C0) * C0
+
+    return padded(conv.cin) * padded(conv.cout) / (conv.cin * conv.cout)
+
+
 def weight_col_applies(conv: Conv3d) -> bool:
     """Whether ``grad_weight_col`` builds ``conv``'s weight gradient: where
     :func:`col_applies`, at any number of positions (``COL_MAX_POINTWISE_POSITIONS``) and
     within ``COL_MAX_POINTWISE_BYTES`` for a pointwise layer or a patch embedding
-    (:func:`patch_like`), and at any filter row where x transposed is the im2col matrix
-    (:func:`_transposes_x`: 8 input channels are one 8-lane tile wide, a GEMM of one
-    narrower vector per row tile). Video Swin's 3 -> 96 patch embedding, kernel = stride =
-    (2, 4, 4) on 8x112x112 (3136 positions; Zen 5, AVX-512, kernels alone): 0.14 ms against
-    the outer-product form's 0.20-0.30."""
+    (:func:`patch_like`), within ``COL_MAX_BYTES`` where the packed form pads its channels
+    to ``COL_PADDED_SHARE`` times the work or more (:func:`padded_share`), and at any filter
+    row where x transposed is the im2col matrix (:func:`_transposes_x`: 8 input channels are
+    one 8-lane tile wide, a GEMM of one narrower vector per row tile). Video Swin's 3 -> 96
+    patch embedding, kernel = stride = (2, 4, 4) on 8x112x112 (3136 positions; Zen 5,
+    AVX-512, kernels alone): 0.14 ms against the outer-product form's 0.20-0.30. Padded
+    channels (Zen 5 as AVX2 / AVX-512, each form's faster width): HRNet's 18 -> 36 3x3
+    stride 2 on 64x64 (1024 positions, 2.4x) 0.078 against 0.18 ms / 0.057 against 0.11;
+    36 -> 72 3x3 on 32x32 (1.5x) 0.25 against 0.37 / 0.17 against 0.20; 33 -> 65 3x3x3 on
+    4x12x12 (1.8x) 0.33 against 0.49 / 0.22 against 0.24; 12 -> 20 3x3x3 on 8x28x28 (2.1x)
+    0.56 against 0.76 / 0.46 against 0.40."""
     if _transposes_x(conv):
         positions, columns = _col_shape(conv)
         return 4 * positions * columns <= COL_MAX_POINTWISE_BYTES
     if patch_like(conv):
         return col_applies(conv, COL_MAX_POINTWISE_POSITIONS, COL_MAX_POINTWISE_BYTES)
+    if conv.groups == 1 and padded_share(conv) >= COL_PADDED_SHARE:
+        return col_applies(conv, COL_MAX_POINTWISE_POSITIONS)
     return col_applies(conv)
 
 
