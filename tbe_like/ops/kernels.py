@@ -914,13 +914,14 @@ def patch_like(conv: Conv3d) -> bool:
 COL_PADDED_SHARE = 1.4
 
 
-def padded_share(conv: Conv3d) -> float:
+def padded_share(conv: Conv3d, outputs: bool = True) -> float:
     """The multiply-adds of the packed weight gradient of ``conv`` (no groups: its input and
-    output channels padded to blocks of ``C0``) per real one."""
-    def padded(channels: int) -> int:
-        return -(-channels // C0) * C0
+    output channels padded to blocks of ``C0``) per real one; without ``outputs``, of the
+    packed input gradient (its input channels padded, the output channels it sums real)."""
+    def share(channels: int) -> float:
+        return -(-channels // C0) * C0 / channels
 
-    return padded(conv.cin) * padded(conv.cout) / (conv.cin * conv.cout)
+    return share(conv.cin) * (share(conv.cout) if outputs else 1.0)
 
 
 def weight_col_applies(conv: Conv3d) -> bool:
@@ -987,7 +988,11 @@ def input_col_applies(conv: Conv3d) -> bool:
     for a strided layer of few input channels (:func:`few_channels`: a stem), whose packed
     form pads them to a block and has a reduction per stride phase (MViT's (3, 7, 7) stride
     (2, 4, 4) cube embedding of 3 channels on 8x112x112, 3136 positions: 1.25 ms against the
-    packed form's 3.69 and a first build of 0.2 s against 4.3 per candidate, Zen 5), and
+    packed form's 3.69 and a first build of 0.2 s against 4.3 per candidate, Zen 5) or
+    whose packed form pads the input channels to ``COL_PADDED_SHARE`` times their number or
+    more (SlowFast's 8 -> 16 (7,1,1) stride-(4,1,1) fusion on 16x28x28: 0.08 against 0.28
+    ms on AVX2, 0.17 against 0.26 on AVX-512; HRNet's 18 -> 36 3x3 stride 2 on 64x64, 0.24
+    against 0.29 / 0.21 against 0.23; kernels alone, Zen 5 in a slow phase), and
     for a pointwise layer of stride 1 whose dX is the GEMM's result transposed in register
     tiles (:func:`_transposes_dx`), within ``COL_MAX_POINTWISE_BYTES``. Transposed
     element by element, that dX lost to the packed and rows forms; in tiles, X3D-M's 96 -> 216
@@ -999,7 +1004,8 @@ def input_col_applies(conv: Conv3d) -> bool:
     if _transposes_dx(conv):
         cols = 4 * conv.batch * math.prod(conv.in_spatial) * conv.cin
         return cols <= COL_MAX_POINTWISE_BYTES
-    if math.prod(conv.strides) > 1 and (patch_like(conv) or few_channels(conv)):
+    padded = conv.groups == 1 and padded_share(conv, outputs=False) >= COL_PADDED_SHARE
+    if math.prod(conv.strides) > 1 and (patch_like(conv) or few_channels(conv) or padded):
         return col_applies(conv, COL_MAX_POINTWISE_POSITIONS, COL_MAX_POINTWISE_BYTES,
                            PATCH_MIN_COLUMNS)
     return col_applies(conv)
@@ -1761,7 +1767,7 @@ def schedule(sch, graph: Graph, target: Target, knobs=None):
 ROWS_OPS = (FILTER_ROWS_OP, INPUT_ROWS_OP)
 # The input channels an input gradient's packed form computes, per real one, from which it
 # races with its rule's default alone beside the col form (:func:`selection_forms`).
-PADDED_SHARE = 2
+PADDED_SHARE = 4
 
 
 def _padded_inputs(graph: Graph) -> float:
@@ -1771,6 +1777,8 @@ def _padded_inputs(graph: Graph) -> float:
         return 1.0
     g = graph.params.geometry.group
     return g.real_g * g.cin1_g * g.cin0 / g.cin_ori
+
+
 # The forms whose candidates are their rules' (both widths) when they race.
 OWN_CANDIDATE_OPS = (FILTER_DOT_OP, FILTER_OUTER_OP, FILTER_COL_OP, INPUT_COL_OP,
                      INPUT_WINO_D_OP, *ROWS_OPS)
@@ -1831,12 +1839,13 @@ def selection_forms(graph: Graph, target: Target,
             g.op == INPUT_COL_OP and _padded_inputs(graph) >= PADDED_SHARE)
            for name, g in (alternatives or {}).items()):
         # Beside a rows form of few input channels, or an input gradient's col form where the
-        # packed form pads the input channels to at least twice their number (a stem's), the
-        # packed form races with its rule's default alone: its other tiles lost to the rows
-        # form by 1.5-10x on every stem of the network suite, and each costs a compile (a
-        # video stem's first build took 8-10 s with them; MViT's cube embedding's 10 s, where
-        # the col form won by 2.6-2.9x, ViT-L/14's patch embedding's by 1.9-2.3x). Beside the
-        # rows forms of few output channels it keeps them (not measured so).
+        # packed form pads the input channels to four times their number or more (a stem's
+        # 1-4 of 16), the packed form races with its rule's default alone: its other tiles
+        # lost to the rows form by 1.5-10x on every stem of the network suite, and each costs
+        # a compile (a video stem's first build took 8-10 s with them; MViT's cube
+        # embedding's 10 s, where the col form won by 2.6-2.9x, ViT-L/14's patch embedding's
+        # by 1.9-2.3x). Beside the rows forms of few output channels it keeps them (not
+        # measured so).
         own = [None]
     return [Form("", prim_func(graph), scheduler(graph), own + one_of(graph)), *forms]
 
