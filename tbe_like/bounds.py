@@ -477,6 +477,11 @@ class OverlappingWritesError(RuntimeError):
     """A schedule in which several iterations of a spatial block store to the same element."""
 
 
+# What :func:`compile_checked` refuses a schedule for (measured selection leaves such a
+# candidate out and builds from the others: ``tune._runners``).
+REFUSALS = (OutOfBoundsError, OverlappingWritesError, KernelTooDeepError)
+
+
 def check_single_writes(func) -> list[str]:
     """Every spatial block of a scheduled PrimFunc whose store does not depend on one of its
     iterators (of more than one value); ``[]`` when there is none.

@@ -349,25 +349,29 @@ def _arguments(func, dev) -> list:
 
 
 def _runners(funcs: list, target: Target, symbol: str = "main", budget: float = math.inf,
-             kinds: list | None = None) -> tuple[list[Callable[[], float] | None], list]:
+             kinds: list | None = None
+             ) -> tuple[list[Callable[[], float] | None], list, dict[int, Exception]]:
     """Compile scheduled ``funcs`` (schedules of one workload: the same parameters) as
     functions named ``symbol``, on as many threads as the machine has cores (TVM's passes and
     LLVM release the GIL for part of it); return for each a function that times one call,
-    after one warm-up call here (the arguments are made once and shared), and the
-    executables. A function whose compilation would start more than ``budget`` seconds after
-    the first's is not compiled (None in both lists); the first always is. With ``kinds``
-    (each function's form), neither is one whose compilation would end past ``budget`` by
-    the longest its form took so far: a stride-phase input gradient of 32 phases compiles in
-    4-5 s a candidate, and its third candidate, started at 4.5 s, made MViT's first build
-    13 s."""
+    after one warm-up call here (the arguments are made once and shared), the executables,
+    and the refused: {index: why} of each function that the bounds proof (or the
+    single-writer check, or the nesting limit) refused to compile (None in both lists; where
+    every one is refused, the first one's error is raised). A function whose compilation
+    would start more than ``budget`` seconds after the first's is not compiled (None in both
+    lists); the first always is. With ``kinds`` (each function's form), neither is one whose
+    compilation would end past ``budget`` by the longest its form took so far: a stride-phase
+    input gradient of 32 phases compiles in 4-5 s a candidate, and its third candidate,
+    started at 4.5 s, made MViT's first build 13 s."""
     from concurrent.futures import ThreadPoolExecutor
 
     from ._tvm import tvm
-    from .bounds import compile_checked
+    from .bounds import REFUSALS, compile_checked
     from .target import cpu_count
 
     start = time.perf_counter()
     took: dict = {}  # the longest compilation of each kind so far
+    refused: dict[int, Exception] = {}
 
     def build(indexed):
         index, func = indexed
@@ -376,7 +380,11 @@ def _runners(funcs: list, target: Target, symbol: str = "main", budget: float = 
         if index and began - start + took.get(kind, 0.0) > budget:
             return None, None
         mod = IRModule({"main": func.with_attr("global_symbol", symbol)})
-        executable = compile_checked(mod, target, "a measured candidate")
+        try:
+            executable = compile_checked(mod, target, "a measured candidate")
+        except REFUSALS as err:
+            refused[index] = err
+            return None, None
         took[kind] = max(took.get(kind, 0.0), time.perf_counter() - began)
         # Looking the function up generates its machine code (LLVM's JIT, 0.2-0.5 s for a
         # large kernel): here, on the pool's threads, not one after another below.
@@ -385,6 +393,8 @@ def _runners(funcs: list, target: Target, symbol: str = "main", budget: float = 
     with ThreadPoolExecutor(max_workers=max(1, min(len(funcs), cpu_count()))) as pool:
         executables, kernels = zip(*pool.map(build, enumerate(funcs)), strict=True)
     executables = list(executables)
+    if all(kernel is None for kernel in kernels) and refused:
+        raise refused[min(refused)]
     dev = tvm.runtime.device("cpu" if str(target.kind.name) == "llvm" else "cuda", 0)
     args = _arguments(funcs[0], dev)
 
@@ -404,7 +414,8 @@ def _runners(funcs: list, target: Target, symbol: str = "main", budget: float = 
         once()
         return once
 
-    return [timer(kernel) if kernel is not None else None for kernel in kernels], executables
+    return ([timer(kernel) if kernel is not None else None for kernel in kernels], executables,
+            refused)
 
 
 def _idle(seconds: float) -> None:
@@ -564,7 +575,12 @@ def select(func, default: Callable, target: Target, search: str | os.PathLike,
         except Exception as err:  # a trace of an older template: it cannot win
             print(f"skipped a record whose trace no longer applies: {type(err).__name__}",
                   file=out)
-    timed = _race(_runners(funcs, target)[0])
+    runners = _runners(funcs, target)[0]
+    # (A schedule the bounds proof refused, a tuned record's, say, is out: it cannot win.)
+    timed = [math.inf] * len(runners)
+    built = [i for i, run in enumerate(runners) if run is not None]
+    for i, t in zip(built, _race([runners[i] for i in built]), strict=True):
+        timed[i] = t
     bases, times = timed[:len(names)], timed[len(names):]
     base = min(bases)
     if untuned:
@@ -652,6 +668,8 @@ class Selection:
     skipped: tuple[str, ...] = ()
     # Candidates the cost model ranked below the ones timed (``ranking.TOP_K``).
     ranked_out: tuple[str, ...] = ()
+    # Candidates the bounds proof refused to compile (each also a warning).
+    refused: tuple[str, ...] = ()
 
     def as_dict(self) -> dict:
         found = {"choice": self.choice, "seconds": round(self.seconds, 3),
@@ -660,6 +678,8 @@ class Selection:
             found["skipped"] = list(self.skipped)
         if self.ranked_out:
             found["ranked_out"] = list(self.ranked_out)
+        if self.refused:
+            found["refused"] = list(self.refused)
         return found
 
 
@@ -750,9 +770,14 @@ def measured_schedule(func, schedule_with: Callable[[Any, Any], Any], candidates
     kept |= {i for i, name in enumerate(names) if name.endswith(SHIPPED)}
     ranked_out = tuple(name for i, name in enumerate(names) if i not in kept)
     options = [option for i, option in enumerate(options) if i in kept]
-    runners, executables = _runners([sch.mod["main"] for _, sch, _ in options], target, symbol,
-                                    MEASURE_BUILD_SECONDS,
-                                    [ranking.form_of(name) for name, _, _ in options])
+    runners, executables, refused = _runners(
+        [sch.mod["main"] for _, sch, _ in options], target, symbol, MEASURE_BUILD_SECONDS,
+        [ranking.form_of(name) for name, _, _ in options])
+    for i, err in sorted(refused.items()):
+        # A candidate the bounds proof refused is a defect of its rule: said, and left out
+        # of the race; the kernel is built from the others, each of them proved.
+        warnings.warn(f"measured selection left out {names[i]!r}, which the bounds proof "
+                      f"refused (please report the layer): {err}", RuntimeWarning, stacklevel=2)
     built = [i for i, run in enumerate(runners) if run is not None]
     first = time.perf_counter()
     times = [math.inf] * len(options)
@@ -778,8 +803,9 @@ def measured_schedule(func, schedule_with: Callable[[Any, Any], Any], candidates
                    record, [times[best]])
     selection = Selection(name, {options[i][0]: times[i] for i in built},
                           time.perf_counter() - start, executables[best],
-                          tuple(n for i, (n, _, _) in enumerate(options) if i not in built),
-                          ranked_out)
+                          tuple(n for i, (n, _, _) in enumerate(options)
+                                if i not in built and i not in refused),
+                          ranked_out, tuple(names[i] for i in sorted(refused)))
     return sch, selection
 
 

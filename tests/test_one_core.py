@@ -144,6 +144,6 @@ def test_candidates_are_timed_after_a_gap_on_the_calling_thread(monkeypatch):
     graph = kernels.grad_weight(LATE, F32)
     sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})), graph,
                            TARGET)
-    runners, _ = tune._runners([sch.mod["main"]], TARGET)
+    runners, *_ = tune._runners([sch.mod["main"]], TARGET)
     runners[0]()
     assert gaps == [tune.CALL_GAP_SECONDS] * 2  # the warm-up call and the timed one

@@ -271,7 +271,8 @@ def test_a_tuned_record_must_beat_every_form_a_build_would_race(tmp_path, monkey
         base = [0.5 if n.startswith("outer: ") and fastest == "outer" else 1.0 for n in names]
         return [*base, 0.9 if fastest == "outer" else 0.5]
 
-    monkeypatch.setattr(tune, "_runners", lambda funcs, target: ([None] * len(funcs), []))
+    monkeypatch.setattr(tune, "_runners",
+                        lambda funcs, target: ([lambda: 0.0] * len(funcs), [], {}))
     monkeypatch.setattr(tune, "_race", times)
     out = io.StringIO()
     best, base = select(func, lambda sch: kernels.schedule(sch, graph, target), target, search,
@@ -403,7 +404,7 @@ def test_a_candidate_that_would_compile_past_the_budget_does_not_start(monkeypat
 
     monkeypatch.setattr(tbe_like.bounds, "compile_checked", fake_compile)
     monkeypatch.setattr(tbe_like.target, "cpu_count", lambda: 1)
-    runners, _ = tune._runners([func.with_attr("test_kind", k) for k in kinds], host_target(),
+    runners, *_ = tune._runners([func.with_attr("test_kind", k) for k in kinds], host_target(),
                                budget=0.5, kinds=kinds)
     assert [r is not None for r in runners] == [True, True, False, True]
 
@@ -592,3 +593,47 @@ def test_the_race_ranks_by_the_median_call():
                       rounds=3, typical=True) == [0.52, 0.475]
     # The fastest, as the race against tuned records keeps it.
     assert tune._race(runners([0.38, 0.52], [0.47, 0.48]), rounds=1) == [0.38, 0.47]
+
+
+def _copy(offset: int):
+    """A 1-D copy that reads ``offset`` elements further: 1 reads past its input."""
+    from tbe_like._tvm import te
+
+    a = te.placeholder((64,), "float32", name="a")
+    b = te.compute((64,), lambda i: a[i + offset] * 2.0, name="b")
+    return te.create_prim_func([a, b])
+
+
+def test_a_candidate_the_bounds_proof_refuses_is_left_out():
+    """The others are compiled and timed; the refusal is returned; where every candidate is
+    refused, the first one's error is raised."""
+    from tbe_like.bounds import OutOfBoundsError
+
+    runners, executables, refused = tune._runners([_copy(1), _copy(0)], host_target())
+    assert runners[0] is None and executables[0] is None and runners[1] is not None
+    assert list(refused) == [0] and isinstance(refused[0], OutOfBoundsError)
+    assert runners[1]() > 0
+    with pytest.raises(OutOfBoundsError):
+        tune._runners([_copy(1), _copy(2)], host_target())
+
+
+def test_measured_selection_builds_from_the_candidates_the_proof_accepts(tmp_path):
+    """A refused candidate is a defect of its rule: a warning names it, the selection lists
+    it as refused, and the kernel is the proven candidate's, which computes the result."""
+    bad = IRModule({"main": _copy(1)})
+
+    def schedule_with(sch, knobs):
+        return s_tir.Schedule(bad) if knobs == "past its input" else sch
+
+    with pytest.warns(RuntimeWarning, match="'past its input'.*bounds proof refused"):
+        sch, selection = tune.measured_schedule(_copy(0), schedule_with,
+                                                ["past its input", "in place"], host_target(),
+                                                records=tmp_path)
+    assert selection.refused == ("past its input",) and selection.choice == "in place"
+    assert selection.as_dict()["refused"] == ["past its input"]
+    assert "past its input" not in selection.times and not selection.skipped
+    dev = tvm.cpu()
+    a = tvm.runtime.tensor(np.arange(64, dtype="float32"), dev)
+    b = tvm.runtime.tensor(np.zeros(64, "float32"), dev)
+    compile_checked(sch.mod, host_target())["main"](a, b)
+    np.testing.assert_array_equal(b.numpy(), 2 * np.arange(64, dtype="float32"))
