@@ -264,22 +264,6 @@ def test_only_strided_layers_of_few_channels_have_it_past_the_bound():
                                                 pad=(3, 0, 0)))  # stride 1, 12544 positions
 
 
-@pytest.mark.parametrize("lanes", HEURISTIC_LANES)
-def test_a_strided_input_gradient_of_padded_channels_matches_reference(lanes):
-    """SlowFast's 8 -> 16 (7,1,1) stride-(4,1,1) fusion (a kernel longer than its stride) in
-    a batch of 2 on 18x9x8 maps (720 positions): the col form against NumPy under the bounds
-    proof."""
-    conv = conv3d(2, 8, (18, 9, 8), 16, (7, 1, 1), stride=(4, 1, 1), pad=(3, 0, 0))
-    assert kernels.input_col_applies(conv) and not kernels.col_applies(conv)
-    rng = np.random.default_rng(31)
-    x, w, dy = (rng.standard_normal(s).astype(np.float32)
-                for s in (conv.x_shape, conv.w_shape, conv.y_shape))
-    dx_want, _ = _gradients(conv, x, w, dy)
-    dx = run_form(kernels.grad_input_col(conv, kernels.Precision("float32", "float32")),
-                  lanes, (dy, w))
-    np.testing.assert_allclose(dx, dx_want, rtol=0, atol=RTOL["float32"] * np.abs(dx_want).max())
-
-
 @pytest.mark.parametrize("conv, alone", [
     (conv3d(1, 3, (8, 32, 32), 96, (3, 7, 7), stride=(2, 4, 4), pad=(1, 3, 3)), True),
     (conv3d(1, 8, (4, 16, 16), 32, (1, 1, 1), stride=2, pad=0), False),  # 8 of 16
@@ -728,18 +712,25 @@ def test_a_weight_gradient_of_padded_channels_has_the_col_form_at_any_number_of_
 
 
 @pytest.mark.parametrize("lanes", HEURISTIC_LANES)
-def test_the_weight_gradient_of_padded_channels_matches_reference(lanes):
-    """18 -> 36, 3x3 stride 2 on 2x(3x22x21) maps (726 positions): the col form against
-    NumPy under the bounds proof."""
-    conv = conv3d(2, 18, (3, 22, 21), 36, (1, 3, 3), stride=(1, 2, 2), pad=(0, 1, 1))
-    assert kernels.weight_col_applies(conv) and not kernels.col_applies(conv)
+@pytest.mark.parametrize("kind, conv", [
+    # SlowFast's 8 -> 16 fusion (a kernel longer than its stride), 720 positions
+    ("grad_input", conv3d(2, 8, (18, 9, 8), 16, (7, 1, 1), stride=(4, 1, 1), pad=(3, 0, 0))),
+    # 18 -> 36, 3x3 stride 2, 726 positions
+    ("grad_weight", conv3d(2, 18, (3, 22, 21), 36, (1, 3, 3), stride=(1, 2, 2),
+                           pad=(0, 1, 1)))], ids=str)
+def test_the_col_forms_of_padded_channels_match_reference(kind, conv, lanes):
+    """Past ``COL_MAX_POSITIONS`` where the packed forms pad the channels: the col form
+    against NumPy under the bounds proof."""
+    applies = kernels.input_col_applies if kind == "grad_input" else kernels.weight_col_applies
+    assert applies(conv) and not kernels.col_applies(conv)
     rng = np.random.default_rng(29)
     x, w, dy = (rng.standard_normal(s).astype(np.float32)
                 for s in (conv.x_shape, conv.w_shape, conv.y_shape))
-    _, dw_want = _gradients(conv, x, w, dy)
-    dw = run_form(kernels.grad_weight_col(conv, kernels.Precision("float32", "float32")),
-                  lanes, (x, dy))
-    np.testing.assert_allclose(dw, dw_want, rtol=0, atol=RTOL["float32"] * np.abs(dw_want).max())
+    want = _gradients(conv, x, w, dy)[kind == "grad_weight"]
+    prec = kernels.Precision("float32", "float32")
+    got = (run_form(kernels.grad_input_col(conv, prec), lanes, (dy, w)) if kind == "grad_input"
+           else run_form(kernels.grad_weight_col(conv, prec), lanes, (x, dy)))
+    np.testing.assert_allclose(got, want, rtol=0, atol=RTOL["float32"] * np.abs(want).max())
 
 
 @pytest.mark.parametrize("lanes", HEURISTIC_LANES)
