@@ -215,7 +215,7 @@ def _unpack_rows(sch, block, period: int, target) -> None:
     own = sch.get_loops(producer)[1:]  # under the row loop; unit loops are not made
     if not own:
         return
-    if len(own) < 2:
-        sch.vectorize(own[-1])
+    if len(own) < 2:  # one live channel: the row's H*W loop alone, split into vectors
+        vectorize(sch, own[-1])
         return
     phase_columns(sch, own[-2], own[-1], period, width)
