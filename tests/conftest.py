@@ -145,11 +145,30 @@ def assert_weight_form(graph, conv, dtype: str, lanes, seed: int) -> None:
     np.testing.assert_allclose(got, want, rtol=0, atol=RTOL[dtype] * np.abs(want).max())
 
 
+def vector_widths(mod) -> list[int]:
+    """The extents of the vectorized loops of ``mod``'s main function."""
+    from tbe_like._tvm import structural_walk, tirx
+
+    widths = []
+    structural_walk(mod["main"].body, [(tirx.For, lambda loop: widths.append(
+        int(loop.extent)) if loop.kind == tirx.ForKind.VECTORIZED else None)])
+    return widths
+
+
+def assert_vector_widths(mod) -> None:
+    """No loop of ``mod`` is vectorized wider than ``schedules.common.MAX_VECTOR_LANES``
+    (a 3200-lane vector took LLVM over 4 minutes to compile)."""
+    from tbe_like.schedules.common import MAX_VECTOR_LANES
+
+    widths = vector_widths(mod)
+    assert max(widths, default=0) <= MAX_VECTOR_LANES, widths
+
+
 def run_form(graph, lanes, args) -> np.ndarray:
     """Run a framework kernel's graph scheduled with ``Heuristic(lanes)`` (``lanes`` an int;
-    else the knobs themselves), compiled for this host under the bounds proof, on the NumPy
-    ``args``: its result (computed into an array of NaN, so a cell the kernel never writes
-    shows) as float64."""
+    else the knobs themselves), compiled for this host under the bounds proof, no loop
+    vectorized wider than ``MAX_VECTOR_LANES``, on the NumPy ``args``: its result (computed
+    into an array of NaN, so a cell the kernel never writes shows) as float64."""
     from tbe_like.schedules import Heuristic
 
     from tbe_like._tvm import IRModule, s_tir
@@ -161,6 +180,7 @@ def run_form(graph, lanes, args) -> np.ndarray:
     target = host_target()
     sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})), graph,
                            target, Heuristic(lanes) if isinstance(lanes, int) else lanes)
+    assert_vector_widths(sch.mod)
     dev = tvm_.cpu()
     shape = list(graph.result_shape())
     out = tvm_.runtime.tensor(np.full(shape, np.nan, NP_DTYPES[str(graph.output.dtype)]), dev)
@@ -217,9 +237,7 @@ def run_graph(graph, knobs, arrays, seed=None, target=None):
     must run here) with ``knobs`` (its rule's, ``SAMPLE`` drawn at ``seed``) under the bounds
     proof, no loop vectorized wider than ``schedules.common.MAX_VECTOR_LANES``, and run it on
     ``arrays``: its result."""
-    from tbe_like.schedules.common import MAX_VECTOR_LANES
-
-    from tbe_like._tvm import IRModule, s_tir, structural_walk, tirx
+    from tbe_like._tvm import IRModule, s_tir
     from tbe_like._tvm import tvm as tvm_
     from tbe_like.bounds import compile_checked
     from tbe_like.ops import kernels
@@ -229,10 +247,7 @@ def run_graph(graph, knobs, arrays, seed=None, target=None):
     sch = s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)}),
                          **({} if seed is None else {"seed": seed}))
     sch = kernels.schedule(sch, graph, target, knobs)
-    widths = []
-    structural_walk(sch.mod["main"].body, [(tirx.For, lambda loop: widths.append(
-        int(loop.extent)) if loop.kind == tirx.ForKind.VECTORIZED else None)])
-    assert max(widths) <= MAX_VECTOR_LANES, widths
+    assert_vector_widths(sch.mod)
     fn = compile_checked(sch.mod, target)["main"]
     dev = tvm_.cpu()
     out = tvm_.runtime.empty(list(graph.result_shape()), str(graph.output.dtype), dev)

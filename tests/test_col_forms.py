@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 from conftest import NP_DTYPES, RTOL, conv3d, misaligned, run_form
-from tbe_like.schedules.common import HEURISTIC_LANES, Heuristic
+from tbe_like.schedules.common import HEURISTIC_LANES, MAX_VECTOR_LANES, Heuristic
 from tbe_like.schedules.llvm import conv3d_backprop_filter_col as col_rule
 from tbe_like.schedules.llvm.conv3d_backprop_filter_col import column_tiles, gemm_tile, tile
 from tbe_like.schedules.llvm.transpose import TILE_LANES, tile_lanes, transpose_tiles
@@ -262,6 +262,10 @@ def test_only_strided_layers_of_few_channels_have_it_past_the_bound():
         assert not kernels.input_col_applies(conv3d(1, cin, (16, 28, 28), 16, **lateral))
     assert not kernels.input_col_applies(conv3d(1, 8, (16, 28, 28), 16, (7, 1, 1),
                                                 pad=(3, 0, 0)))  # stride 1, 12544 positions
+    # Stride 1: few input channels, within COL_MAX_BYTES (the 3200-sample SincNet layer's
+    # matrix is 2.8 MiB; 1 -> 16 3x3x3 on 64^3, 27 MiB, is not).
+    assert kernels.input_col_applies(conv3d(1, 1, (1, 1, 3200), 80, (1, 1, 251), pad=0))
+    assert not kernels.input_col_applies(conv3d(1, 1, (64, 64, 64), 16, (3, 3, 3)))
 
 
 @pytest.mark.parametrize("conv, alone", [
@@ -550,12 +554,15 @@ def test_the_input_gradient_copies_its_filter_a_column_tile_at_a_time(monkeypatc
                                                TARGET)
         assert bool(steps) == (name == "pointwise-stride2-blocks")
         loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock(stages.DX_COL_PANEL))]
-        outer = loops[-4 if steps else -3]
+        width = band * per_tile * lanes if steps else per_tile * lanes
+        split = width > MAX_VECTOR_LANES  # (the row in vectors of 64 lanes)
+        outer = loops[-4 - split if steps else -3 - split]
         assert outer.kind == tirx.ForKind.PARALLEL
         assert int(outer.extent) == vectors // per_tile // max(band, 1)
-        assert [int(loop.extent) for loop in loops[-2:]] == (
-            [steps, band * per_tile * lanes] if steps else [conv.cout, per_tile * lanes])
-        assert loops[-1].kind == tirx.ForKind.VECTORIZED
+        rows_of_panel, *row = loops[-2 - split:]
+        assert int(rows_of_panel.extent) == (steps or conv.cout)
+        assert math.prod(int(loop.extent) for loop in row) == width
+        assert row[-1].kind == tirx.ForKind.VECTORIZED
     _, w, dy, dx_want, _ = _case(conv, dtype, 17)
     got = run_form(graph, lanes, (dy, misaligned(w)))
     np.testing.assert_allclose(got, dx_want, rtol=0, atol=RTOL[dtype] * np.abs(dx_want).max())
@@ -717,10 +724,12 @@ def test_a_weight_gradient_of_padded_channels_has_the_col_form_at_any_number_of_
     ("grad_input", conv3d(2, 8, (18, 9, 8), 16, (7, 1, 1), stride=(4, 1, 1), pad=(3, 0, 0))),
     # 18 -> 36, 3x3 stride 2, 726 positions
     ("grad_weight", conv3d(2, 18, (3, 22, 21), 36, (1, 3, 3), stride=(1, 2, 2),
-                           pad=(0, 1, 1)))], ids=str)
+                           pad=(0, 1, 1))),
+    # SincNet-like: one channel, stride 1, a kernel of 31 taps, 770 positions
+    ("grad_input", conv3d(1, 1, (1, 1, 800), 16, (1, 1, 31), pad=0))], ids=str)
 def test_the_col_forms_of_padded_channels_match_reference(kind, conv, lanes):
-    """Past ``COL_MAX_POSITIONS`` where the packed forms pad the channels: the col form
-    against NumPy under the bounds proof."""
+    """Past ``COL_MAX_POSITIONS`` where the packed forms pad the channels (or, at stride 1,
+    the layer has few input channels): the col form against NumPy under the bounds proof."""
     applies = kernels.input_col_applies if kind == "grad_input" else kernels.weight_col_applies
     assert applies(conv) and not kernels.col_applies(conv)
     rng = np.random.default_rng(29)

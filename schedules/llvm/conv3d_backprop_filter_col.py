@@ -45,6 +45,7 @@ from ..common import (
     parallel,
     tile_registers,
     transpose_in_tiles,
+    vectorize,
     width_candidates,
 )
 from ..registry import register
@@ -348,7 +349,7 @@ def _panel_at(sch, panel: str, loop) -> None:
     vectorized."""
     copy = sch.get_sblock(panel)
     sch.compute_at(copy, loop)
-    sch.vectorize(sch.get_loops(copy)[-1])
+    vectorize(sch, sch.get_loops(copy)[-1])  # (a band of tiles: 128 lanes and more)
 
 
 # Bytes of a cache line: how far past a multiple of ``PANEL_ROW_BYTES`` :func:`offset_rows`
