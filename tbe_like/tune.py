@@ -418,6 +418,17 @@ def _runners(funcs: list, target: Target, symbol: str = "main", budget: float = 
             refused)
 
 
+def _times_of(runners: list[Callable[[], float] | None],
+              time_them: Callable[[list[Callable[[], float]]], list[float]]) -> list[float]:
+    """``time_them``'s times of the runners that were compiled, in their places; ``inf`` for
+    each that was not (left past the build budget, or refused by the bounds proof)."""
+    times = [math.inf] * len(runners)
+    built = [i for i, run in enumerate(runners) if run is not None]
+    for i, t in zip(built, time_them([runners[i] for i in built]), strict=True):
+        times[i] = t
+    return times
+
+
 def _idle(seconds: float) -> None:
     """Keep the calling thread busy (not asleep) for ``seconds``: the Python a user's call runs
     between two kernels."""
@@ -575,12 +586,8 @@ def select(func, default: Callable, target: Target, search: str | os.PathLike,
         except Exception as err:  # a trace of an older template: it cannot win
             print(f"skipped a record whose trace no longer applies: {type(err).__name__}",
                   file=out)
-    runners = _runners(funcs, target)[0]
     # (A schedule the bounds proof refused, a tuned record's, say, is out: it cannot win.)
-    timed = [math.inf] * len(runners)
-    built = [i for i, run in enumerate(runners) if run is not None]
-    for i, t in zip(built, _race([runners[i] for i in built]), strict=True):
-        timed[i] = t
+    timed = _times_of(_runners(funcs, target)[0], _race)
     bases, times = timed[:len(names)], timed[len(names):]
     base = min(bases)
     if untuned:
@@ -776,13 +783,12 @@ def measured_schedule(func, schedule_with: Callable[[Any, Any], Any], candidates
     for i, err in sorted(refused.items()):
         # A candidate the bounds proof refused is a defect of its rule: said, and left out
         # of the race; the kernel is built from the others, each of them proved.
-        warnings.warn(f"measured selection left out {names[i]!r}, which the bounds proof "
-                      f"refused (please report the layer): {err}", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"measured selection left out {options[i][0]!r}, which the bounds "
+                      f"proof refused (please report the layer): {err}", RuntimeWarning,
+                      stacklevel=2)
     built = [i for i, run in enumerate(runners) if run is not None]
     first = time.perf_counter()
-    times = [math.inf] * len(options)
-    for i, t in zip(built, _first_times([runners[i] for i in built]), strict=True):
-        times[i] = t
+    times = _times_of(runners, _first_times)
     # Candidates far behind after their first calls are out; the others race within what is
     # left of the budget.
     close = [i for i, t in enumerate(times) if t <= MEASURE_CUTOFF * min(times)]
@@ -805,7 +811,7 @@ def measured_schedule(func, schedule_with: Callable[[Any, Any], Any], candidates
                           time.perf_counter() - start, executables[best],
                           tuple(n for i, (n, _, _) in enumerate(options)
                                 if i not in built and i not in refused),
-                          ranked_out, tuple(names[i] for i in sorted(refused)))
+                          ranked_out, tuple(options[i][0] for i in sorted(refused)))
     return sch, selection
 
 

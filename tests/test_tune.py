@@ -617,18 +617,31 @@ def test_a_candidate_the_bounds_proof_refuses_is_left_out():
         tune._runners([_copy(1), _copy(2)], host_target())
 
 
-def test_measured_selection_builds_from_the_candidates_the_proof_accepts(tmp_path):
+@pytest.mark.parametrize("ranked_out", [False, True])
+def test_measured_selection_builds_from_the_candidates_the_proof_accepts(
+        tmp_path, monkeypatch, ranked_out):
     """A refused candidate is a defect of its rule: a warning names it, the selection lists
-    it as refused, and the kernel is the proven candidate's, which computes the result."""
+    it as refused, and the kernel is the proven candidate's, which computes the result; with
+    a candidate ranked out before them (the refused one's place among those compiled is then
+    not its place among all), the same one is named."""
+    from tbe_like import ranking
+
     bad = IRModule({"main": _copy(1)})
+    shifted = _copy(0).with_attr("candidate", "ranked out")  # another schedule, not timed
 
     def schedule_with(sch, knobs):
+        if knobs == "ranked out":
+            return s_tir.Schedule(IRModule({"main": shifted}))
         return s_tir.Schedule(bad) if knobs == "past its input" else sch
 
+    candidates = ["past its input", "in place"]
+    if ranked_out:
+        candidates.insert(0, "ranked out")
+        monkeypatch.setattr(ranking, "timed", lambda layer, names, target: [1, 2])
     with pytest.warns(RuntimeWarning, match="'past its input'.*bounds proof refused"):
-        sch, selection = tune.measured_schedule(_copy(0), schedule_with,
-                                                ["past its input", "in place"], host_target(),
-                                                records=tmp_path)
+        sch, selection = tune.measured_schedule(_copy(0), schedule_with, candidates,
+                                                host_target(), records=tmp_path)
+    assert selection.ranked_out == (("ranked out",) if ranked_out else ())
     assert selection.refused == ("past its input",) and selection.choice == "in place"
     assert selection.as_dict()["refused"] == ["past its input"]
     assert "past its input" not in selection.times and not selection.skipped

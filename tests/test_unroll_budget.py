@@ -92,19 +92,24 @@ def test_a_layer_within_the_budget_is_left_as_it_was(monkeypatch):
     tvm.ir.assert_structural_equal(sch.mod, _scheduled(graph, Heuristic(16)).mod)
 
 
+def _assert_matches_reference(sch, conv, seed: int) -> None:
+    """The scheduled input gradient of ``conv``, built under the bounds proof, equals the
+    float64 reference on random dy and w."""
+    rng = np.random.default_rng(seed)
+    dy, w = (rng.standard_normal(s).astype("float32") for s in (conv.y_shape, conv.w_shape))
+    dev = tvm.cpu()
+    out = tvm.runtime.tensor(np.zeros(conv.x_shape, "float32"), dev)
+    compile_checked(sch.mod, host_target())["main"](
+        *(tvm.runtime.tensor(a, dev) for a in (dy, w)), out)
+    want = input_gradient(conv, dy, w)
+    np.testing.assert_allclose(out.numpy(), want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
 @pytest.mark.parametrize("knobs", [Heuristic(16), Heuristic(8)], ids=str)
 def test_a_kernel_unrolled_within_the_budget_is_correct(knobs):
     """The capped kernel, built under the bounds proof, equals the float64 reference."""
     graph = kernels.grad_input(VOXNET, F32, live_channels=True)
-    sch = _scheduled(graph, knobs)
-    rng = np.random.default_rng(7)
-    dy, w = (rng.standard_normal(s).astype("float32") for s in (VOXNET.y_shape, VOXNET.w_shape))
-    dev = tvm.cpu()
-    out = tvm.runtime.tensor(np.zeros(VOXNET.x_shape, "float32"), dev)
-    compile_checked(sch.mod, host_target())["main"](
-        *(tvm.runtime.tensor(a, dev) for a in (dy, w)), out)
-    want = input_gradient(VOXNET, dy, w)
-    np.testing.assert_allclose(out.numpy(), want, rtol=0, atol=1e-5 * np.abs(want).max())
+    _assert_matches_reference(_scheduled(graph, knobs), VOXNET, 7)
 
 
 @pytest.mark.parametrize("knobs", [Heuristic(16), Heuristic(8)], ids=str)
@@ -118,11 +123,4 @@ def test_a_long_row_of_one_channel_is_unpacked_in_vectors_of_at_most_64_lanes(kn
     sch = _scheduled(graph, knobs)
     assert 16 in vector_widths(sch.mod)
     assert_vector_widths(sch.mod)
-    rng = np.random.default_rng(11)
-    dy, w = (rng.standard_normal(s).astype("float32") for s in (conv.y_shape, conv.w_shape))
-    dev = tvm.cpu()
-    out = tvm.runtime.tensor(np.zeros(conv.x_shape, "float32"), dev)
-    compile_checked(sch.mod, host_target())["main"](
-        *(tvm.runtime.tensor(a, dev) for a in (dy, w)), out)
-    want = input_gradient(conv, dy, w)
-    np.testing.assert_allclose(out.numpy(), want, rtol=0, atol=1e-5 * np.abs(want).max())
+    _assert_matches_reference(sch, conv, 11)
