@@ -386,13 +386,16 @@ class ColFilterParams:
     """The sizes of a GEMM weight gradient (``FILTER_COL_OP``): ``dW[co, f]`` over
     ``positions`` (N*Do*Ho*Wo) rows, ``f`` the ``columns`` = Cin*kd*kh*kw of a filter, ``taps``
     = kd*kh*kw of them per input channel; ``images``: where the im2col matrix is x transposed
-    (a pointwise layer of stride 1, x seen as (N, Cin, P)), its N, else 0."""
+    (a pointwise layer of stride 1, x seen as (N, Cin, P)), its N, else 0; ``groups``: with
+    more than one, ``dW[g, co, f]`` a GEMM per group, ``columns`` = Cin/groups*kd*kh*kw a
+    group's filter row and ``cout`` the output channels of all groups."""
 
     cout: int
     columns: int
     positions: int
     taps: int = 1
     images: int = 0
+    groups: int = 1
 
 
 # The framework operators' input gradient of a layer of few positions as one GEMM into the
@@ -407,7 +410,9 @@ class ColInputParams:
     extent ``(D, H, W)`` and the layer's ``strides``; ``images``: where dX is ``cols``
     transposed (a pointwise layer of stride 1, dX seen as (N, Cin, P)), its N, else 0;
     ``direct``: where instead dX is the GEMM's product itself, ``W^T dy`` image by image
-    (``tbe_like.ops.kernels.direct_dx``), ``images`` its N."""
+    (``tbe_like.ops.kernels.direct_dx``), ``images`` its N; ``groups``: with more than one,
+    ``cols[g, m, f]`` a GEMM per group, ``columns`` = Cin/groups*kd*kh*kw a group's filter
+    row and ``cout`` the output channels of all groups."""
 
     cout: int
     columns: int
@@ -416,6 +421,7 @@ class ColInputParams:
     strides: tuple[int, int, int]
     images: int = 0
     direct: bool = False
+    groups: int = 1
 
 
 # The framework operators' input gradient of a layer of few input or output channels, one stride

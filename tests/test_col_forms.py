@@ -695,7 +695,7 @@ def test_a_pointwise_weight_gradient_has_the_form_at_any_number_of_positions():
                  conv3d(1, 24, (4, 8, 9), 48, (1, 1, 1), pad=0)):  # a vector and a tail of 8
         assert kernels.weight_col_applies(conv)
     for conv in (conv3d(1, 32, (4, 8, 17), 48, (3, 3, 3)),  # 544 positions, 3x3x3
-                 conv3d(1, 32, (4, 8, 9), 48, (1, 1, 1), pad=0, groups=2),  # groups
+                 conv3d(1, 32, (4, 8, 9), 64, (1, 1, 1), pad=0, groups=2),  # groups of 16
                  conv3d(1, 8192, (1, 32, 80), 16, (1, 1, 1), pad=0),  # an 80 MiB matrix
                  conv3d(2, 128, (16, 64, 65), 8, (1, 1, 1), pad=0)):  # just over 64 MiB
         assert not kernels.weight_col_applies(conv)
@@ -714,7 +714,7 @@ def test_a_weight_gradient_of_padded_channels_has_the_col_form_at_any_number_of_
     for conv in (conv3d(1, 40, (4, 16, 16), 80, (3, 3, 3)),  # padded 1.2x
                  conv3d(1, 32, (4, 16, 16), 48, (3, 3, 3)),  # whole blocks
                  conv3d(1, 12, (8, 32, 28), 20, (3, 3, 3)),  # 8.9 MiB of matrix
-                 conv3d(1, 36, (4, 16, 16), 72, (3, 3, 3), groups=2)):  # groups
+                 conv3d(1, 32, (4, 16, 16), 64, (3, 3, 3), groups=2)):  # groups of 16
         assert not kernels.weight_col_applies(conv), conv
 
 

@@ -36,13 +36,16 @@ from tbe_like.params import FILTER_COL_OP, ColFilterParams
 from tbe_like.target import one_core
 
 from ..common import (
+    BUSY_SHARE,
     Heuristic,
     block_names,
+    busy,
     divisors,
     fuse_parallel_vectorize,
     knob_lanes,
     num_threads,
     parallel,
+    parallelize,
     tile_registers,
     transpose_in_tiles,
     vectorize,
@@ -499,7 +502,7 @@ def splits_k(p: ColFilterParams, lanes: int, target) -> bool:
     by a loop of their own (``transpose_tiles``), were left unwritten under the part loop (a
     batch of 2 images of 147 positions computed a wrong product)."""
     threads = num_threads(target)
-    if (threads < 2 or p.positions % threads
+    if (threads < 2 or p.groups > 1 or p.positions % threads
             or p.positions // threads < SPLIT_K_MIN_POSITIONS
             or 4 * p.cout * p.columns > SPLIT_K_MAX_BYTES):
         return False
@@ -541,16 +544,41 @@ def _add_partials(sch, rows: int, columns: int, lanes: int) -> None:
     sch.vectorize(sch.split(columns_, [None, lanes])[1])
 
 
+def group_loop(sch, loop, groups: int, target):
+    """Run a GEMM per group (the loop ``loop`` over ``groups`` of them) in parallel, each
+    group's GEMM on one thread, where the groups keep ``target``'s threads busy
+    (:func:`busy` at least ``BUSY_SHARE``), else one group after the other, each GEMM's tiles
+    in parallel (a wake of the workers per group). The target each GEMM is scheduled for."""
+    threads = num_threads(target)
+    if threads > 1 and busy(groups, threads) >= BUSY_SHARE:
+        parallelize(sch, loop, target)
+        return one_core(target)
+    return target
+
+
 @register(FILTER_COL_OP, "llvm", candidates=width_candidates)
 def schedule(sch, p: ColFilterParams, target, knobs: Heuristic | None = None):
     """``knobs``: a :class:`Heuristic` (default, and for ``SAMPLE``: the target's vector
     width; measured selection times both widths); its ``split_k`` forces split K on or off
-    where it applies (:func:`splits_k`; ``None``: the rule decides)."""
+    where it applies (:func:`splits_k`; ``None``: the rule decides). With groups, a GEMM per
+    group (:func:`group_loop`)."""
     lanes = knob_lanes(knobs, target)
     split = splits_k(p, lanes, target)
     if isinstance(knobs, Heuristic) and knobs.split_k is not None:
         split = split and knobs.split_k
     col, gemm = sch.get_sblock(stages.DW_COL_X), sch.get_sblock(stages.DW_COL)
+    if p.groups > 1:
+        g, co, f, m = sch.get_loops(gemm)
+        inner = group_loop(sch, g, p.groups, target)
+        if p.taps == 1:
+            transpose_in_tiles(sch, col, *sch.get_loops(col)[-2:], target)
+        else:
+            schedule_im2col(sch, col, p.taps, target)
+        offset_rows(sch, col)
+        schedule_gemm(sch, gemm, co, f, m, p.cout // p.groups, p.columns, lanes, inner)
+        if stages.DW_COL_CAST in block_names(sch):
+            fuse_parallel_vectorize(sch, stages.DW_COL_CAST, 2, target)
+        return sch
     co, f, *reduction = sch.get_loops(gemm)
     m = sch.fuse(*reduction) if len(reduction) > 1 else reduction[0]  # x transposed: (n, p)
     inner = target

@@ -40,7 +40,7 @@ from ..common import (
     width_candidates,
 )
 from ..registry import register
-from .conv3d_backprop_filter_col import schedule_gemm
+from .conv3d_backprop_filter_col import group_loop, schedule_gemm
 from .transpose import tile_lanes, transpose_tiles
 
 
@@ -64,9 +64,15 @@ def schedule(sch, p: ColInputParams, target, knobs: Heuristic | None = None):
             fuse_parallel_vectorize(sch, stages.DX_COL_CAST, 2, target)
         return sch
     *rows, f, co = sch.get_loops(gemm)
-    # dX transposed: the GEMM of each image (n, p), the images one after the other
-    m, n_rows = (rows[1], p.positions // p.images) if p.images else (rows[0], p.positions)
-    schedule_gemm(sch, gemm, m, f, co, n_rows, p.columns, lanes, target, columns_first=True,
+    inner = target
+    if p.groups > 1:  # a GEMM per group (g, m)
+        inner = group_loop(sch, rows[0], p.groups, target)
+        m, n_rows = rows[1], p.positions
+    elif p.images:  # dX transposed: the GEMM of each image (n, p), one after the other
+        m, n_rows = rows[1], p.positions // p.images
+    else:
+        m, n_rows = rows[0], p.positions
+    schedule_gemm(sch, gemm, m, f, co, n_rows, p.columns, lanes, inner, columns_first=True,
                   reduction_blocks=True, panel=stages.DX_COL_PANEL)
     if p.images:  # dX[n, ci, p] = cols[n, p, ci]: tiles transposed in registers
         res = sch.get_sblock(stages.DX_COL_RES)

@@ -924,6 +924,20 @@ def padded_share(conv: Conv3d, outputs: bool = True) -> float:
     return share(conv.cin) * (share(conv.cout) if outputs else 1.0)
 
 
+def grouped_col_applies(conv: Conv3d) -> bool:
+    """Whether the col forms of both gradients build grouped ``conv`` as a GEMM per group
+    (``grad_weight_col``, ``grad_input_col`` with groups): more input channels a group than
+    :func:`few_channels` (which have the rows forms), the packed forms' groups merged into
+    blocks of 16 channels (``groups.GroupInfo.merged_share``) at ``COL_PADDED_SHARE`` times
+    the multiply-adds or more (24, 40 or 56 channels a group: 2x; 16 or 32: 1x), and x's
+    im2col matrix (dX's, as large) within ``COL_MAX_BYTES``."""
+    if conv.groups == 1 or few_channels(conv):
+        return False
+    share = group_info(conv.cin, conv.cout, conv.groups).merged_share
+    positions = _col_shape(conv)[0]
+    return share >= COL_PADDED_SHARE and 4 * positions * _padded_columns(conv) <= COL_MAX_BYTES
+
+
 def weight_col_applies(conv: Conv3d) -> bool:
     """Whether ``grad_weight_col`` builds ``conv``'s weight gradient: where
     :func:`col_applies`, at any number of positions (``COL_MAX_POINTWISE_POSITIONS``) and
@@ -938,7 +952,9 @@ def weight_col_applies(conv: Conv3d) -> bool:
     stride 2 on 64x64 (1024 positions, 2.4x) 0.078 against 0.18 ms / 0.057 against 0.11;
     36 -> 72 3x3 on 32x32 (1.5x) 0.25 against 0.37 / 0.17 against 0.20; 33 -> 65 3x3x3 on
     4x12x12 (1.8x) 0.33 against 0.49 / 0.22 against 0.24; 12 -> 20 3x3x3 on 8x28x28 (2.1x)
-    0.56 against 0.76 / 0.46 against 0.40."""
+    0.56 against 0.76 / 0.46 against 0.40. A grouped layer: :func:`grouped_col_applies`."""
+    if conv.groups > 1:
+        return grouped_col_applies(conv)
     if _transposes_x(conv):
         positions, columns = _col_shape(conv)
         return 4 * positions * columns <= COL_MAX_POINTWISE_BYTES
@@ -1001,7 +1017,9 @@ def input_col_applies(conv: Conv3d) -> bool:
     element by element, that dX lost to the packed and rows forms; in tiles, X3D-M's 96 -> 216
     on 16x14x14 took 0.63 ms against their 0.86, 24 -> 54 on 16x56x56 1.00 against 1.98.
     Where the GEMM's product is dX itself (:func:`direct_dx`), at any size: it needs no
-    buffer of its own."""
+    buffer of its own. A grouped layer: :func:`grouped_col_applies`."""
+    if conv.groups > 1:
+        return grouped_col_applies(conv)
     if direct_dx(conv):
         return True
     if _transposes_dx(conv):
@@ -1086,24 +1104,35 @@ def grad_weight_col(conv: Conv3d, prec: Precision,
         dy = _placeholder(conv.y_shape, names[1], prec.dtype)
         xcol = _im2col(conv, x, prec.dtype)
         rm = te.reduce_axis((0, positions), name="m")
+        rows, row = conv.cout // conv.groups, columns // conv.groups
 
-        def body(co, f):
+        def body(co, f, g=0):
+            # group g's output channels by its own input channels' columns of x_col
             n, od, oh, ow = _col_position(conv, rm)
-            left_ = convert(dy[n, co, od, oh, ow]).astype(ACC_DTYPE)
-            return te.sum(left_ * convert(xcol[rm, f]).astype(ACC_DTYPE), axis=[rm])
+            left_ = convert(dy[n, g * rows + co, od, oh, ow]).astype(ACC_DTYPE)
+            return te.sum(left_ * convert(xcol[rm, g * row + f]).astype(ACC_DTYPE), axis=[rm])
 
         images, arg_shapes = 0, (None, None, conv.w_shape)
 
     # (Cout, Cin*kd*kh*kw): 2-D, so that a vector of columns is one contiguous access (with
     # five axes fused, TVM left part of the loads and stores element by element), written
-    # through a view of the user's OIDHW array (``Graph.arg_shapes``).
-    acc = te.compute((conv.cout, columns), body, name=stages.DW_COL,
-                     tag=stages.tag(FILTER_COL_OP, "gemm"))
+    # through a view of the user's OIDHW array (``Graph.arg_shapes``); with groups
+    # (G, Cout/G, Cin/G*kd*kh*kw), a GEMM per group.
+    if conv.groups > 1:
+        acc = te.compute((conv.groups, conv.cout // conv.groups, columns // conv.groups),
+                         lambda g, co, f: body(co, f, g), name=stages.DW_COL,
+                         tag=stages.tag(FILTER_COL_OP, "gemm"))
+    else:
+        acc = te.compute((conv.cout, columns), lambda co, f: body(co, f), name=stages.DW_COL,
+                         tag=stages.tag(FILTER_COL_OP, "gemm"))
     out = acc
     if prec.dtype != ACC_DTYPE:
-        out = te.compute(acc.shape, lambda co, f: acc[co, f].astype(prec.dtype),
-                         name=stages.DW_COL_CAST, tag=stages.tag(FILTER_COL_OP, "cast"))
-    p = ColFilterParams(conv.cout, columns, positions, math.prod(conv.kernel), images)
+        cast = ((lambda co, f: acc[co, f].astype(prec.dtype)) if conv.groups == 1
+                else (lambda g, co, f: acc[g, co, f].astype(prec.dtype)))
+        out = te.compute(acc.shape, cast, name=stages.DW_COL_CAST,
+                         tag=stages.tag(FILTER_COL_OP, "cast"))
+    p = ColFilterParams(conv.cout, columns // conv.groups, positions, math.prod(conv.kernel),
+                        images, conv.groups)
     return Graph(FILTER_COL_OP, p, [x, dy], out, ["NCDHW", "NCDHW", "NCDHW"],
                  flops=conv.flops(), arg_shapes=arg_shapes)
 
@@ -1205,21 +1234,32 @@ def grad_input_col(conv: Conv3d, prec: Precision,
     if _transposes_dx(conv):
         return _grad_input_transposed(conv, prec, names)
     dy = _placeholder(conv.y_shape, names[0], prec.dtype)
-    # The user's filter seen as the (Cout, Cin*kd*kh*kw) matrix it is (``Graph.arg_shapes``).
-    w = _placeholder((conv.cout, columns), names[1], prec.dtype)
+    # The user's filter seen as the (Cout, Cin*kd*kh*kw) matrix it is (``Graph.arg_shapes``);
+    # with groups as (G, Cout/G, Cin/G*kd*kh*kw), a matrix per group, and ``cols`` as
+    # (G, positions, Cin/G*kd*kh*kw): a GEMM per group.
+    groups = conv.groups
+    rows, row = conv.cout // groups, columns // groups
+    w = _placeholder((groups, rows, row) if groups > 1 else (conv.cout, columns), names[1],
+                     prec.dtype)
     panel = _filter_panel(w)
     convert = prec.convert()
     do, ho, wo = conv.out_spatial
-    rco = te.reduce_axis((0, conv.cout), name="co")
+    rco = te.reduce_axis((0, rows), name="co")
 
-    def col_body(m, f):
+    def col_body(m, f, g=None):
         n, od, oh, ow = _col_position(conv, m)
-        left_ = convert(dy[n, rco, od, oh, ow]).astype(ACC_DTYPE)
-        right = convert(panel[rco, f]).astype(ACC_DTYPE)
+        channel, cell = (rco, (rco, f)) if g is None else (g * rows + rco, (g, rco, f))
+        left_ = convert(dy[n, channel, od, oh, ow]).astype(ACC_DTYPE)
+        right = convert(panel[cell]).astype(ACC_DTYPE)
         return te.sum(left_ * right, axis=[rco])
 
-    cols = te.compute((positions, columns), col_body, name=stages.DX_COL,
-                      tag=stages.tag(INPUT_COL_OP, "gemm"))
+    if groups > 1:  # group g's positions by its own input channels' columns
+        cols = te.compute((groups, positions, row), lambda g, m, f: col_body(m, f, g),
+                          name=stages.DX_COL, tag=stages.tag(INPUT_COL_OP, "gemm"))
+    else:
+        cols = te.compute((positions, columns), lambda m, f: col_body(m, f), name=stages.DX_COL,
+                          tag=stages.tag(INPUT_COL_OP, "gemm"))
+    cin_g = conv.cin // groups
     axes = [_AxisTaps(*spec) for spec in zip(conv.kernel, conv.strides, conv.dilations,
                                               conv.pads[::2], conv.out_spatial, strict=True)]
     steps = [te.reduce_axis((0, axis.steps), name=name)
@@ -1236,15 +1276,19 @@ def grad_input_col(conv: Conv3d, prec: Precision,
         # dy row's own clamps under the guard that says they reach, and the bounds proof
         # cannot bound a sum of such terms times their strides.)
         m = tirx.max(tirx.min(((n * do + od) * ho + oh) * wo + ow, positions - 1), 0)
-        column = tirx.min(_col_column(conv, ci, a, b, c), columns - 1)
-        value = tirx.if_then_else(valid, cols[m, column], zero)
+        if groups > 1:  # channel ci % cin_g of group ci // cin_g
+            column = tirx.min(_col_column(conv, ci % cin_g, a, b, c), row - 1)
+            value = tirx.if_then_else(valid, cols[ci // cin_g, m, column], zero)
+        else:
+            column = tirx.min(_col_column(conv, ci, a, b, c), columns - 1)
+            value = tirx.if_then_else(valid, cols[m, column], zero)
         return te.sum(value, axis=steps)
 
     acc = te.compute(conv.x_shape, res_body, name=stages.DX_COL_RES,
                      tag=stages.tag(INPUT_COL_OP, "res"))
     out = _dx_col_cast(acc, prec)
-    p = ColInputParams(conv.cout, columns, positions, tuple(conv.in_spatial),
-                       tuple(conv.strides))
+    p = ColInputParams(conv.cout, row, positions, tuple(conv.in_spatial),
+                       tuple(conv.strides), groups=groups)
     return Graph(INPUT_COL_OP, p, [dy, w], out, ["NCDHW", "NCDHW", "NCDHW"],
                  flops=conv.flops(), arg_shapes=(None, conv.w_shape, None))
 
@@ -1253,7 +1297,8 @@ def _filter_panel(w: te.Tensor) -> te.Tensor:
     """The col input gradient's column operand: the user's filter ``w`` seen as (Cout, Cin *
     taps), through a copy (``stages.DX_COL_PANEL``) that the rule either makes per column
     tile of the GEMM, a contiguous panel, or inlines (``schedules.llvm`` ``schedule_gemm``)."""
-    return te.compute(w.shape, lambda co, f: w[co, f], name=stages.DX_COL_PANEL,
+    copy = (lambda co, f: w[co, f]) if len(w.shape) == 2 else (lambda g, co, f: w[g, co, f])
+    return te.compute(w.shape, copy, name=stages.DX_COL_PANEL,
                       tag=stages.tag(INPUT_COL_OP, "panel"))
 
 
