@@ -27,7 +27,7 @@ from .._tvm import IRModule, Target, te, tirx, tvm
 from ..bounds import compile_checked
 from ..compute import layout as lt
 from ..compute.conv3d_backprop_input import conv3d_forward, result_periods, tap_period
-from ..groups import GroupInfo, group_info
+from ..groups import FRACTAL_N0, GroupInfo, group_info
 from ..kernel import Kernel, TensorSpec, export_kernel
 from ..lowering import source_rows
 from ..params import (
@@ -232,7 +232,11 @@ def grad_input(conv: Conv3d, prec: Precision, names=("grad_output", "weight", "g
     convert, cd = prec.convert(), prec.core_dtype
     flops = conv.flops()
     (ta, tb, tc), conv = live_taps(conv) or ((0, 0, 0), conv)  # the live taps' convolution
-    group = group_info(conv.cin, conv.cout, conv.groups, cin0=c0)
+    # Narrow blocks of a grouped layer: its output channels in blocks of ``c0`` too, so
+    # that groups of a multiple of ``c0`` channels each are merged into none
+    # (:func:`narrow_blocks_apply`).
+    cout0 = c0 if c0 != C0 and conv.groups > 1 else FRACTAL_N0
+    group = group_info(conv.cin, conv.cout, conv.groups, cout0=cout0, cin0=c0)
     dy6 = lt.pack_6hd(dy, False, c0, cd, convert, names[0])
     w6 = lt.pack_fractal_z_3d(lambda co, ci, a, b, c: convert(w[co, ci, a + ta, b + tb, c + tc]),
                               cd, group, conv.kernel, c0, names[1])
@@ -585,15 +589,34 @@ NARROW_C0 = C0 // 2
 def narrow_blocks_apply(conv: Conv3d, target: Target) -> bool:
     """Whether the input gradient of ``conv`` also races with its input channels in blocks of
     ``NARROW_C0`` (``grad_input(c0=NARROW_C0)``) on ``target``: vectors of ``NARROW_C0``
-    lanes (AVX2: a register holds such a block), no groups, and the channels half a block
-    past a whole number of blocks of C0 (24, 40, 56: a third, a fifth, a seventh more
-    multiply-adds in the packed form, on padding channels). Zen 5 as a Zen 3 (``znver3``),
+    lanes (AVX2: a register holds such a block), no groups (grouped layers:
+    :func:`grouped_narrow`), and the channels half a block past a whole number of blocks of
+    C0 (24, 40, 56: a third, a fifth, a seventh more multiply-adds in the packed form, on
+    padding channels). Zen 5 as a Zen 3 (``znver3``),
     kernels alone, the best candidate of either form, layers of neither half: 24 -> 48
     (3, 5, 5) at stride (1, 2, 2) on 8x32x32 2.01 -> 1.67 ms, 56 -> 112 3x3x3 at stride 2
     on 4x14x14 0.318 -> 0.282, 40 -> 80 3x3x3 on 8x16x16 1.71 either way; with AVX-512's 16
     lanes the packed form won each (1.23 against 1.46 ms, 0.22 / 0.28, 0.94 / 1.38)."""
-    return (vector_lanes(target) <= NARROW_C0 and conv.groups == 1
-            and conv.cin % C0 == NARROW_C0)
+    if conv.groups > 1:
+        return grouped_narrow(conv)
+    return (vector_lanes(target) <= NARROW_C0 and conv.cin % C0 == NARROW_C0)
+
+
+def grouped_narrow(conv: Conv3d) -> bool:
+    """Whether the input gradient of grouped ``conv`` races in blocks of ``NARROW_C0`` input
+    and output channels on any host: groups of a multiple of ``NARROW_C0`` channels on both
+    sides that the packed form merges into blocks of 16 at ``COL_PADDED_SHARE`` times the
+    multiply-adds or more (groups of 24 or 40: 2x or more), and none in narrow blocks. Zen 4,
+    AVX-512, kernels alone, the best of each form: 120 -> 120 3x3x3 in 3 groups of 40 on
+    4x14x14 1.98 -> 1.13 ms (PyTorch 0.88), 96 -> 96 (1, 3, 3) in 4 groups of 24 on 28x28
+    0.41 -> 0.29 (8-lane vectors; a Zen 4 runs 16-lane ones at the same multiply-adds a
+    cycle)."""
+    if few_channels(conv):
+        return False
+    cin_g, cout_g = conv.cin // conv.groups, conv.cout // conv.groups
+    merged = group_info(conv.cin, conv.cout, conv.groups).merged_share
+    return (cin_g % NARROW_C0 == 0 and cout_g % NARROW_C0 == 0
+            and merged >= COL_PADDED_SHARE)
 
 
 def few_channels(conv: Conv3d) -> bool:
