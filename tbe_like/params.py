@@ -388,7 +388,8 @@ class ColFilterParams:
     = kd*kh*kw of them per input channel; ``images``: where the im2col matrix is x transposed
     (a pointwise layer of stride 1, x seen as (N, Cin, P)), its N, else 0; ``groups``: with
     more than one, ``dW[g, co, f]`` a GEMM per group, ``columns`` = Cin/groups*kd*kh*kw a
-    group's filter row and ``cout`` the output channels of all groups."""
+    group's filter row and ``cout`` the output channels of all groups; ``once``: the im2col
+    matrix holds each element of x at most once (a patch embedding, kernel = stride)."""
 
     cout: int
     columns: int
@@ -396,6 +397,7 @@ class ColFilterParams:
     taps: int = 1
     images: int = 0
     groups: int = 1
+    once: bool = False
 
 
 # The framework operators' input gradient of a layer of few positions as one GEMM into the

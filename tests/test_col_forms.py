@@ -1182,3 +1182,32 @@ def test_split_k_only_where_each_thread_sums_enough_into_a_small_product(monkeyp
     assert not splits(conv3d(2, 40, (1, 8, 33), 24, (1, 1, 1), pad=0))  # 132: no whole tiles
     monkeypatch.setattr(col_rule, "num_threads", lambda target: 1)
     assert not splits(conv3d(1, 80, (1, 16, 16), 64, (1, 1, 1), pad=0))
+
+
+@pytest.mark.parametrize("lanes", HEURISTIC_LANES)
+def test_a_patch_embeddings_im2col_runs_in_tiles_of_positions_where_planes_alias(lanes):
+    """A patch embedding (kernel = stride, ``ColFilterParams.once``) of more than
+    ``ALIASED_CHANNELS`` channels whose planes lie 4 KB apart (16 on 4x16x16) builds its
+    im2col matrix in tiles of positions, each channel's taps for the tile in turn
+    (``col._im2col_in_tiles``); the same layer on planes of 4x16x12 (3 KB) and a layer whose
+    taps overlap keep it row by row. The tiled kernel equals NumPy's at both widths."""
+    def im2col_loops(conv):
+        graph = kernels.grad_weight_col(conv, kernels.Precision("float32", "float32"))
+        sch = kernels.schedule(s_tir.Schedule(IRModule({"main": kernels.prim_func(graph)})),
+                               graph, TARGET, Heuristic(lanes))
+        return graph, [int(sch.get(loop).extent)
+                       for loop in sch.get_loops(sch.get_sblock(stages.DW_COL_X))]
+
+    conv = conv3d(1, 16, (4, 16, 16), 24, (2, 2, 2), stride=2, pad=0)  # 128 positions
+    graph, loops = im2col_loops(conv)
+    assert graph.params.once and loops[-3:] == [16, col_rule.IM2COL_TILE, 8], loops
+    for other in (conv3d(1, 16, (4, 16, 12), 24, (2, 2, 2), stride=2, pad=0),
+                  conv3d(1, 16, (4, 16, 16), 24, (3, 3, 3), stride=2)):
+        graph_, loops = im2col_loops(other)  # (positions, channels, taps)
+        assert loops[-3:] == [graph_.params.positions, 16, graph_.params.taps], (other, loops)
+    rng = np.random.default_rng(16)
+    x, w, dy = (rng.standard_normal(s).astype(np.float32)
+                for s in (conv.x_shape, conv.w_shape, conv.y_shape))
+    want = _gradients(conv, x, w, dy)[1]
+    got = run_form(graph, lanes, (x, dy))
+    np.testing.assert_allclose(got, want, rtol=0, atol=RTOL["float32"] * np.abs(want).max())

@@ -1155,7 +1155,7 @@ def grad_weight_col(conv: Conv3d, prec: Precision,
         out = te.compute(acc.shape, cast, name=stages.DW_COL_CAST,
                          tag=stages.tag(FILTER_COL_OP, "cast"))
     p = ColFilterParams(conv.cout, columns // conv.groups, positions, math.prod(conv.kernel),
-                        images, conv.groups)
+                        images, conv.groups, patch_like(conv))
     return Graph(FILTER_COL_OP, p, [x, dy], out, ["NCDHW", "NCDHW", "NCDHW"],
                  flops=conv.flops(), arg_shapes=arg_shapes)
 
