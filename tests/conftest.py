@@ -127,6 +127,28 @@ def weight_gradient(conv, x, dy):
     return _reference(conv, dy, x, np.zeros(conv.w_shape), (False, True, False))[1]
 
 
+def raced_gradient(dy, x, w, mask, groups: int = 1, transposed: bool = False):
+    """One gradient (the one ``mask`` asks for) of a stride-1 layer padded by 1 through
+    ``convolution_backward`` from an empty cache, under measured selection (the
+    ``measuring`` fixture): (the times its selection raced by candidate name, the gradient,
+    the NumPy reference's in float64)."""
+    from tbe_like import ops
+    from tbe_like.testing import reference as ref
+
+    kw = dict(stride=1, padding=1, dilation=1, transposed=transposed, output_padding=0,
+              groups=groups, output_mask=mask)
+    executor = ops.prepare_convolution_backward(dy, x, w, bias_sizes=None, **kw)
+    index = mask.index(True)
+    kernel = executor.kernels[("grad_input", "grad_weight")[index]]
+    times = kernel.metadata["para_dict"]["selection"]["times_ms"]
+    want = ref.convolution_backward(dy.astype(np.float64), x.astype(np.float64),
+                                    w.astype(np.float64), **{
+                                        **kw, **{k: [kw[k]] * 3 for k in (
+                                            "stride", "padding", "dilation",
+                                            "output_padding")}})[index]
+    return times, executor(dy, x, w)[index], want
+
+
 def input_gradient(conv, dy, w):
     """dX of ``conv`` (padded alike on both sides of each axis) from ``dy`` and ``w``, by the
     NumPy reference, in float64."""

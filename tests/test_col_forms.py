@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import NP_DTYPES, RTOL, conv3d, misaligned, run_form
+from conftest import NP_DTYPES, RTOL, conv3d, misaligned, raced_gradient, run_form
 from tbe_like.schedules.common import HEURISTIC_LANES, MAX_VECTOR_LANES, Heuristic
 from tbe_like.schedules.llvm import conv3d_backprop_filter_col as col_rule
 from tbe_like.schedules.llvm.conv3d_backprop_filter_col import column_tiles, gemm_tile, tile
@@ -764,18 +764,8 @@ def test_the_operator_races_them_and_computes_the_same(mask, measuring):
     x = rng.standard_normal((1, 32, 2, 3, 3)).astype(np.float32)
     w = rng.standard_normal((48, 32, 3, 3, 3)).astype(np.float32)
     dy = rng.standard_normal((1, 48, 2, 3, 3)).astype(np.float32)
-    kw = dict(bias_sizes=None, stride=1, padding=1, dilation=1, transposed=False,
-              output_padding=0, groups=1, output_mask=mask)
-    executor = ops.prepare_convolution_backward(dy, x, w, **kw)
-    index = mask.index(True)
-    kernel = executor.kernels[("grad_input", "grad_weight")[index]]
-    times = kernel.metadata["para_dict"]["selection"]["times_ms"]
+    times, got, want = raced_gradient(dy, x, w, mask)
     assert any(name.startswith("col: ") for name in times), times
-    got = executor(dy, x, w)[index]
-    want = ref.convolution_backward(dy.astype(np.float64), x.astype(np.float64),
-                                    w.astype(np.float64), stride=[1] * 3, padding=[1] * 3,
-                                    dilation=[1] * 3, transposed=False,
-                                    output_padding=[0] * 3, groups=1, output_mask=mask)[index]
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
 
 

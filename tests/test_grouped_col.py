@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import NP_DTYPES, RTOL, conv3d, run_form
+from conftest import NP_DTYPES, RTOL, conv3d, raced_gradient, run_form
 from tbe_like.schedules.common import HEURISTIC_LANES
 from tbe_like.schedules.llvm import conv3d_backprop_filter_col as col_rule
 
-from tbe_like import ops, stages
+from tbe_like import stages
 from tbe_like._tvm import IRModule, Target, s_tir
 from tbe_like.groups import group_info
 from tbe_like.ops import kernels
@@ -122,19 +122,10 @@ def test_the_operator_races_them_and_computes_the_same(mask, transposed, measuri
         x = rng.standard_normal((1, 72, 2, 5, 4)).astype(np.float32)
         w = rng.standard_normal((48, 24, 3, 3, 3)).astype(np.float32)
         dy = rng.standard_normal((1, 48, 2, 5, 4)).astype(np.float32)
-    kw = dict(bias_sizes=None, stride=1, padding=1, dilation=1, transposed=transposed,
-              output_padding=0, groups=3, output_mask=mask)
-    executor = ops.prepare_convolution_backward(dy, x, w, **kw)
+    times, got, want = raced_gradient(dy, x, w, mask, groups=3, transposed=transposed)
     index = mask.index(True)
-    kernel = executor.kernels[("grad_input", "grad_weight")[index]]
-    times = kernel.metadata["para_dict"]["selection"]["times_ms"]
     if not (transposed and index == 0):  # (a transposed layer's dX is a forward kernel)
         assert any(name.startswith("col: ") for name in times), times
     if index == 0 and not transposed:
         assert any(name.startswith(f"{kernels.NARROW}: ") for name in times), times
-    got = executor(dy, x, w)[index]
-    want = ref.convolution_backward(dy.astype(np.float64), x.astype(np.float64),
-                                    w.astype(np.float64), stride=[1] * 3, padding=[1] * 3,
-                                    dilation=[1] * 3, transposed=transposed,
-                                    output_padding=[0] * 3, groups=3, output_mask=mask)[index]
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
