@@ -35,7 +35,7 @@ def test_grouped_layers_whose_groups_the_packed_forms_merge_have_the_forms():
                  conv3d(1, 128, (4, 14, 14), 128, (3, 3, 3), groups=4),  # of 32
                  conv3d(1, 32, (4, 14, 14), 32, (3, 3, 3), groups=4),  # of 8: rows forms
                  conv3d(1, 48, (4, 14, 14), 48, (3, 3, 3), groups=48),  # depthwise
-                 conv3d(1, 96, (8, 40, 40), 96, (3, 3, 3), groups=4)):  # 33 MiB of im2col
+                 conv3d(1, 96, (8, 40, 40), 96, (3, 3, 3), groups=4)):  # 127 MiB of im2col
         assert not kernels.grouped_col_applies(conv), conv
         assert not kernels.weight_col_applies(conv) and not kernels.input_col_applies(conv)
 
