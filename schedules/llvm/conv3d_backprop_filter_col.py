@@ -609,42 +609,36 @@ def schedule(sch, p: ColFilterParams, target, knobs: Heuristic | None = None):
     if isinstance(knobs, Heuristic) and knobs.split_k is not None:
         split = split and knobs.split_k
     col, gemm = sch.get_sblock(stages.DW_COL_X), sch.get_sblock(stages.DW_COL)
-    if p.groups > 1:
+    if p.groups > 1:  # (g, co, f, m): the groups' GEMMs run as group_loop says; no split K
         g, co, f, m = sch.get_loops(gemm)
         inner = group_loop(sch, g, p.groups, target)
-        if p.taps == 1:
-            transpose_in_tiles(sch, col, *sch.get_loops(col)[-2:], target)
-        else:
-            schedule_im2col(sch, col, p.taps, target, p.once)
-        offset_rows(sch, col)
-        schedule_gemm(sch, gemm, co, f, m, p.cout // p.groups, p.columns, lanes, inner)
-        if stages.DW_COL_CAST in block_names(sch):
-            fuse_parallel_vectorize(sch, stages.DW_COL_CAST, 2, target)
-        return sch
-    co, f, *reduction = sch.get_loops(gemm)
-    m = sch.fuse(*reduction) if len(reduction) > 1 else reduction[0]  # x transposed: (n, p)
-    inner = target
+    else:
+        co, f, *reduction = sch.get_loops(gemm)
+        m = sch.fuse(*reduction) if len(reduction) > 1 else reduction[0]  # x transposed: (n, p)
+        inner = target
+    # The target x_col is made for: a loop of its own, or under split K's part loop (one core)
+    col_target = target
     if split:  # the stages below then run on each part's thread (one core each)
         gemm = _split_k(sch, col, co, f, m, num_threads(target))
-        inner = one_core(target)
+        inner = col_target = one_core(target)
     panel = 0
     if p.images:  # x transposed, (n, p, f): tiles transposed in registers, in panels
         panel = panel_columns(p, lanes, inner)
-        transpose_tiles(sch, col, tile_lanes(p.columns, lanes), inner, panel)
+        transpose_tiles(sch, col, tile_lanes(p.columns, lanes), col_target, panel)
     elif p.taps == 1:
-        transpose_in_tiles(sch, col, *sch.get_loops(col)[-2:], inner)
+        transpose_in_tiles(sch, col, *sch.get_loops(col)[-2:], col_target)
     else:
-        schedule_im2col(sch, col, p.taps, inner, p.once)
+        schedule_im2col(sch, col, p.taps, col_target, p.once)
     if not p.images:
         offset_rows(sch, col)
     if split:  # (``rfactor`` made the partial GEMM's loops anew)
         co, f, m = sch.get_loops(gemm)[-3:]
-    schedule_gemm(sch, gemm, co, f, m, p.cout, p.columns, lanes, inner,
+    schedule_gemm(sch, gemm, co, f, m, p.cout // p.groups, p.columns, lanes, inner,
                   columns_first=bool(panel))
     if split:
         _add_partials(sch, p.cout, p.columns, lanes)
     if stages.DW_COL_CAST in block_names(sch):
         # A float16/bfloat16 result: the float32 product cast by a pass of its own, output
-        # channels in parallel.
-        fuse_parallel_vectorize(sch, stages.DW_COL_CAST, 1, target)
+        # channels (and groups) in parallel.
+        fuse_parallel_vectorize(sch, stages.DW_COL_CAST, 2 if p.groups > 1 else 1, target)
     return sch

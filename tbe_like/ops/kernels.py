@@ -604,19 +604,24 @@ def narrow_blocks_apply(conv: Conv3d, target: Target) -> bool:
 
 def grouped_narrow(conv: Conv3d) -> bool:
     """Whether the input gradient of grouped ``conv`` races in blocks of ``NARROW_C0`` input
-    and output channels on any host: groups of a multiple of ``NARROW_C0`` channels on both
-    sides that the packed form merges into blocks of 16 at ``COL_PADDED_SHARE`` times the
-    multiply-adds or more (groups of 24 or 40: 2x or more), and none in narrow blocks. Zen 4,
+    and output channels on any host: groups the packed form merges (:func:`merges_groups`)
+    of a multiple of ``NARROW_C0`` channels on both sides, none merged in narrow blocks. Zen 4,
     AVX-512, kernels alone, the best of each form: 120 -> 120 3x3x3 in 3 groups of 40 on
     4x14x14 1.98 -> 1.13 ms (PyTorch 0.88), 96 -> 96 (1, 3, 3) in 4 groups of 24 on 28x28
     0.41 -> 0.29 (8-lane vectors; a Zen 4 runs 16-lane ones at the same multiply-adds a
     cycle)."""
-    if few_channels(conv):
-        return False
     cin_g, cout_g = conv.cin // conv.groups, conv.cout // conv.groups
-    merged = group_info(conv.cin, conv.cout, conv.groups).merged_share
-    return (cin_g % NARROW_C0 == 0 and cout_g % NARROW_C0 == 0
-            and merged >= COL_PADDED_SHARE)
+    return merges_groups(conv) and cin_g % NARROW_C0 == 0 and cout_g % NARROW_C0 == 0
+
+
+def merges_groups(conv: Conv3d) -> bool:
+    """Whether ``conv`` has groups of more input channels than :func:`few_channels` (which
+    have the rows forms) that the packed forms merge into blocks of 16 channels at
+    ``COL_PADDED_SHARE`` times the multiply-adds or more (``groups.GroupInfo.merged_share``:
+    24, 40 or 56 channels a group 2x; 16 or 32 1x): the grouped layers that race
+    :func:`grouped_col_applies`'s and :func:`grouped_narrow`'s forms."""
+    return (conv.groups > 1 and not few_channels(conv)
+            and group_info(conv.cin, conv.cout, conv.groups).merged_share >= COL_PADDED_SHARE)
 
 
 def few_channels(conv: Conv3d) -> bool:
@@ -891,7 +896,13 @@ def col_applies(conv: Conv3d, max_positions: int = COL_MAX_POSITIONS,
     place instead of packing it."""
     positions, columns = _col_shape(conv)
     return (conv.groups == 1 and positions <= max_positions and columns >= min_columns
-            and 4 * positions * _padded_columns(conv) <= max_bytes)
+            and _col_bytes(conv) <= max_bytes)
+
+
+def _col_bytes(conv: Conv3d) -> int:
+    """Bytes of the weight gradient's im2col matrix (dX's, as large): dy's positions by
+    :func:`_padded_columns`, float32."""
+    return 4 * _col_shape(conv)[0] * _padded_columns(conv)
 
 
 def _padded_columns(conv: Conv3d) -> int:
@@ -949,16 +960,10 @@ def padded_share(conv: Conv3d, outputs: bool = True) -> float:
 
 def grouped_col_applies(conv: Conv3d) -> bool:
     """Whether the col forms of both gradients build grouped ``conv`` as a GEMM per group
-    (``grad_weight_col``, ``grad_input_col`` with groups): more input channels a group than
-    :func:`few_channels` (which have the rows forms), the packed forms' groups merged into
-    blocks of 16 channels (``groups.GroupInfo.merged_share``) at ``COL_PADDED_SHARE`` times
-    the multiply-adds or more (24, 40 or 56 channels a group: 2x; 16 or 32: 1x), and x's
-    im2col matrix (dX's, as large) within ``COL_MAX_BYTES``."""
-    if conv.groups == 1 or few_channels(conv):
-        return False
-    share = group_info(conv.cin, conv.cout, conv.groups).merged_share
-    positions = _col_shape(conv)[0]
-    return share >= COL_PADDED_SHARE and 4 * positions * _padded_columns(conv) <= COL_MAX_BYTES
+    (``grad_weight_col``, ``grad_input_col`` with groups): groups the packed forms merge
+    (:func:`merges_groups`), and x's im2col matrix (dX's, as large) within
+    ``COL_MAX_BYTES``."""
+    return merges_groups(conv) and _col_bytes(conv) <= COL_MAX_BYTES
 
 
 def weight_col_applies(conv: Conv3d) -> bool:
