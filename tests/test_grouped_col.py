@@ -74,9 +74,15 @@ CASES = {  # (conv, dtype)
 }
 
 
+@pytest.mark.parametrize("parallel_groups", [True, False])
 @pytest.mark.parametrize("lanes", HEURISTIC_LANES)
 @pytest.mark.parametrize("name", list(CASES))
-def test_both_gradients_match_reference(name, lanes):
+def test_both_gradients_match_reference(name, lanes, parallel_groups, monkeypatch):
+    """Both of :func:`group_loop`'s choices whatever this host's threads would pick (where it
+    has more than one): the groups in parallel, or one after the other; the small shapes
+    scheduled as larger ones (not for one core)."""
+    monkeypatch.setattr(kernels, "SERIAL_FLOPS", 0)
+    monkeypatch.setattr(col_rule, "BUSY_SHARE", 0.0 if parallel_groups else 1.01)
     conv, dtype = CASES[name]
     assert kernels.grouped_col_applies(conv)
     rng = np.random.default_rng(24)
